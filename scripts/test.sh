@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set-up, build and the whole test suite (CPU tests always; GPU tests run where a GPU is present
+# and report themselves skipped elsewhere). Extra arguments go to cmake's configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+build=${SPECDEC_BUILD_DIR:-build}
+jobs=${SPECDEC_JOBS:-$(nproc)}
+cmake -S . -B "$build" -G Ninja "$@"
+cmake --build "$build" -j "$jobs"
+ctest --test-dir "$build" --output-on-failure -j "$jobs"

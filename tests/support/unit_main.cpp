@@ -1,0 +1,3 @@
+// Entry point of the CPU unit-test binary.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
