@@ -26,6 +26,11 @@ if(SPECDEC_ENABLE_CUDA)
       set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200
     endif()
     enable_language(CUDA)
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      # CMake 3.25 predates nvcc 13 and does not know its C++20 dialect flag.
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

@@ -12,3 +12,10 @@
 #endif
 
 #define SPECDEC_INLINE inline
+
+// Loop unrolling hint for code shared by host and device (no pragma warning on the host compiler).
+#if defined(__CUDACC__)
+#define SPECDEC_UNROLL _Pragma("unroll")
+#else
+#define SPECDEC_UNROLL
+#endif

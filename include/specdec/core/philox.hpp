@@ -28,7 +28,7 @@ SPECDEC_HD inline Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   Philox4 c = counter;
-#pragma unroll
+  SPECDEC_UNROLL
   for (int round = 0; round < 10; ++round) {
     uint32_t hi0, lo0, hi1, lo1;
     philox_mulhilo(kMul0, c.x[0], hi0, lo0);

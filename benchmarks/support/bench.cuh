@@ -1,0 +1,56 @@
+// Benchmark harness for CUDA ops: times `launch` with CUDA events over kLaunchesPerIteration
+// back-to-back launches per iteration (manual time = GPU time per launch), so Google Benchmark's
+// repetitions give the median. Inputs are random (never zeros); callers rotate input sets larger
+// than L2 where the data would otherwise stay cached.
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace specdec::bench {
+
+constexpr int kLaunchesPerIteration = 20;
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+// `launch(i)` enqueues one op on `stream` (i counts launches, to rotate input sets).
+// `bytes_per_launch` is the fewest bytes the op must move (inputs read once, outputs written once).
+template <class Launch>
+void time_launches(benchmark::State& state, cudaStream_t stream, double bytes_per_launch,
+                   Launch&& launch) {
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  int counter = 0;
+  for (int i = 0; i < 3; ++i) launch(counter++);  // warm-up: module load, caches
+  check_cuda(cudaStreamSynchronize(stream), "warm-up");
+  for (auto _ : state) {
+    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    for (int i = 0; i < kLaunchesPerIteration; ++i) launch(counter++);
+    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    state.SetIterationTime(ms * 1e-3 / kLaunchesPerIteration);
+  }
+  check_cuda(cudaGetLastError(), "launch");
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(bytes_per_launch, benchmark::Counter::kIsIterationInvariantRate);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+}  // namespace specdec::bench
+
+// Registers a CUDA benchmark: manual (event) time, 5 repetitions, median/mean/stddev reported.
+#define SPECDEC_CUDA_BENCHMARK(fn)                                                   \
+  BENCHMARK(fn)->UseManualTime()->Unit(benchmark::kMicrosecond)->Repetitions(5)      \
+      ->ReportAggregatesOnly(true)
