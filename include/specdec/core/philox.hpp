@@ -58,3 +58,24 @@ SPECDEC_HD inline float philox_uniform(uint64_t seed, uint32_t request, uint32_t
 }
 
 }  // namespace specdec
+
+namespace specdec {
+
+// Per-request keys of the random stream; arrays live in the executor's memory (host for the CPU
+// reference, device for kernels) so a captured CUDA graph replays with new seeds and steps.
+//   seed        [B] uint64  the request's sampling seed
+//   step        [B] uint32  the request's speculative step (advances every verify)
+//   request_id  [B] uint32  a stable request id, or nullptr: the batch index is used
+// Draw `index` at tree node `node` of request b is philox_uniform(seed[b], id(b), step[b], node, index).
+struct RandomKeys {
+  uint64_t const* seed = nullptr;
+  uint32_t const* step = nullptr;
+  uint32_t const* request_id = nullptr;
+
+  SPECDEC_HD float uniform(int b, uint32_t node, uint32_t index) const {
+    uint32_t const id = request_id ? request_id[b] : static_cast<uint32_t>(b);
+    return philox_uniform(seed[b], id, step[b], node, index);
+  }
+};
+
+}  // namespace specdec
