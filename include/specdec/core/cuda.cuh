@@ -47,7 +47,10 @@ class DeviceBuffer {
       count_ = 0;
     }
   }
-  explicit DeviceBuffer(std::vector<T> const& host) : DeviceBuffer(host.size()) { upload(host); }
+  // Allocates and copies `host`; on failure the buffer is empty and valid() is false.
+  explicit DeviceBuffer(std::vector<T> const& host) : DeviceBuffer(host.size()) {
+    if (!upload(host).ok()) *this = DeviceBuffer();
+  }
   DeviceBuffer(DeviceBuffer&& o) noexcept
       : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {

@@ -1,0 +1,68 @@
+// verify_sample: batch {1, 8, 64} x nodes {4, 16, 64} x V {32000, 163840}, deterministic and
+// sampled drafts, temperature 1. Trees are chains (top-k 1) whose drafts are the target argmax,
+// so every node is accepted: the worst case (one row visited per depth). bytes_per_launch = the
+// logit (and draft) rows the walk must read: B * N * V * 4 (x2 sampled) -- the fewest bytes when
+// every node is accepted. Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840); the largest
+// cases exceed L2 by themselves.
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/ops/verify_sample/verify_sample.hpp"
+#include "support/bench.cuh"
+#include "support/testing.hpp"
+
+namespace {
+
+using namespace specdec;
+
+void BM_verify_sample(benchmark::State& state) {
+  int const B = static_cast<int>(state.range(0)), N = static_cast<int>(state.range(1));
+  int const V = static_cast<int>(state.range(2));
+  bool const sampled = state.range(3) != 0;
+  size_t const rows = static_cast<size_t>(B) * N;
+  testing::Rng rng(3);
+  // Row i has a dominant token (i * 7919) % V so a chain of those tokens is accepted.
+  std::vector<float> logits = testing::random_logits(rng, 1, V);
+  std::vector<float> all(rows * V);
+  std::vector<int32_t> tokens(rows), parents(rows), depth(rows), fc(rows), ns(rows, -1);
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy(logits.begin(), logits.end(), all.begin() + r * V);
+    int const i = static_cast<int>(r % N);
+    int32_t const next = static_cast<int32_t>((r * 7919 + 1) % V);
+    all[r * V + next] = 60.0f;  // p(next) ~ 1
+    parents[r] = i - 1;
+    depth[r] = i;
+    fc[r] = i + 1 < N ? i + 1 : -1;
+    if (i > 0) tokens[r] = static_cast<int32_t>(((r - 1) * 7919 + 1) % V);
+  }
+  std::vector<float> q;
+  if (sampled) {
+    q.assign(rows * V, 0.5f / V);
+    for (size_t r = 0; r < rows; ++r) q[r * V + (r * 7919 + 1) % V] += 0.5f;
+  }
+  DeviceBuffer<float> d_logits(all), d_q(q);
+  DeviceBuffer<int32_t> d_tokens(tokens), d_parents(parents), d_depth(depth), d_fc(fc), d_ns(ns);
+  DeviceBuffer<int32_t> d_ts(std::vector<int32_t>(B, 0));
+  DeviceBuffer<float> temperature(std::vector<float>(B, 1.0f));
+  DeviceBuffer<uint64_t> seed(std::vector<uint64_t>(B, 5));
+  DeviceBuffer<uint32_t> step(std::vector<uint32_t>(B, 2));
+  DeviceBuffer<int32_t> path(rows), num(B), next(B), status(B);
+  ops::VerifySampleParams p;
+  p.tree = {d_tokens.data(), d_parents.data(), nullptr, B, N};
+  p.links = {d_depth.data(), d_fc.data(), d_ns.data(), d_ts.data()};
+  p.logits = d_logits.data();
+  p.draft_probs = sampled ? d_q.data() : nullptr;
+  p.vocab = V;
+  p.config = {temperature.data(), nullptr, nullptr};
+  p.keys = {seed.data(), step.data(), nullptr};
+  p.out = {path.data(), num.data(), next.data(), N};
+  p.status = status.data();
+  double const bytes = static_cast<double>(rows) * V * 4.0 * (sampled ? 2 : 1);
+  bench::time_launches(state, nullptr, bytes, [&](int) { (void)ops::verify_sample(CudaExecutor{}, p); });
+}
+SPECDEC_CUDA_BENCHMARK(BM_verify_sample)
+    ->ArgNames({"batch", "nodes", "vocab", "sampled"})
+    ->ArgsProduct({{1, 8, 64}, {4, 16, 64}, {32000, 163840}, {0}})
+    ->ArgsProduct({{1, 8}, {4, 16}, {32000, 163840}, {1}});
+
+}  // namespace

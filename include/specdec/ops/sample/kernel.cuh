@@ -1,0 +1,351 @@
+// sample CUDA kernel and the block-level sampling agents verify_sample reuses.
+// Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32
+// (device memory). One block of kSampleThreads per request; the row (<= 640 KB at V = 163840)
+// stays in L2 between the block's passes:
+//   1. row maximum (greedy: packed argmax) of z = l / T
+//   2. top-k: 3 radix-select passes (11/11/10-bit digits) counting keys of z
+//   3. top-p: a mass pass, then 3 radix-select passes summing weights per digit
+//   4. inverse CDF: per-warp segment sums (one pass), then the crossing segment split over the 32
+//      warps, then one warp scans the crossing sub-segment element by element.
+// No host synchronisation, allocation or host read of device data: graph-capturable.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/core/math.hpp"
+#include "specdec/ops/sample/params.hpp"
+
+namespace specdec::ops {
+
+// One block per row; 32 warps keep enough loads in flight per SM to stream a row from HBM
+// (at batch >= 64 most SMs hold one row each).
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+constexpr int kSampleRadixBins = 2048;  // 11-bit digits: 3 passes over a 32-bit key
+// Loads in flight per thread in the streaming loops.
+constexpr int kSampleUnroll = 4;
+
+struct SampleShared {
+  float hist[kSampleRadixBins];
+  uint64_t scratch64[kSampleWarps];
+  float part[kSampleWarps];
+  float pick_target;
+  int pick;
+};
+
+namespace sample_detail {
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block-wide reductions; every thread gets the same value (same summation order everywhere).
+__device__ inline float block_sum(float v, SampleShared& sh) {
+  v = warp_sum(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kSampleWarps; ++w) total += sh.part[w];
+  return total;
+}
+
+__device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
+  for (int o = 16; o > 0; o >>= 1) {
+    uint64_t const other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.scratch64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t best = 0;
+  for (int w = 0; w < kSampleWarps; ++w) best = sh.scratch64[w] > best ? sh.scratch64[w] : best;
+  return best;
+}
+
+// Calls f(v, logit) for v in [lo, hi) of `row`, lanes of `group` threads (rank `rank`) striding.
+// 16-byte loads when the row and lo are 16-byte aligned.
+template <class F>
+__device__ inline void for_each_logit(float const* row, int lo, int hi, int rank, int group, F&& f) {
+  bool const aligned = ((reinterpret_cast<uintptr_t>(row + lo) & 15u) == 0);
+  if (aligned) {
+    int const n4 = (hi - lo) >> 2;
+    float4 const* row4 = reinterpret_cast<float4 const*>(row + lo);
+#pragma unroll kSampleUnroll
+    for (int i = rank; i < n4; i += group) {
+      float4 const x = __ldg(row4 + i);
+      int const v = lo + 4 * i;
+      f(v, x.x);
+      f(v + 1, x.y);
+      f(v + 2, x.z);
+      f(v + 3, x.w);
+    }
+    for (int v = lo + 4 * n4 + rank; v < hi; v += group) f(v, __ldg(row + v));
+  } else {
+#pragma unroll kSampleUnroll
+    for (int v = lo + rank; v < hi; v += group) f(v, __ldg(row + v));
+  }
+}
+
+// Largest key K with sum_{v eligible, key_v >= K} amount_v >= target, by three radix passes.
+// `classify(v, logit, key, amount)` returns whether v takes part and sets its key and amount.
+template <class Classify>
+__device__ uint32_t block_radix_threshold(float const* row, int vocab, Classify&& classify,
+                                          float target, SampleShared& sh) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  float above = 0.0f;
+  int const lane = threadIdx.x & 31;
+  for (int pass = 0; pass < 3; ++pass) {
+    int const bits = pass == 2 ? 10 : 11;  // digits 31..21, 20..10, 9..0
+    int const shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    uint32_t const digit_mask = (1u << bits) - 1u;
+    int const bins = 1 << bits;
+    __syncthreads();
+    for (int i = threadIdx.x; i < bins; i += kSampleThreads) sh.hist[i] = 0.0f;
+    __syncthreads();
+    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
+      uint32_t key;
+      float amount;
+      if (classify(v, l, key, amount) && (key & prefix_mask) == prefix && amount > 0.0f) {
+        atomicAdd(&sh.hist[(key >> shift) & digit_mask], amount);
+      }
+    });
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      int const per = bins / 32;
+      float lane_mass = 0.0f;
+      for (int i = 0; i < per; ++i) lane_mass += sh.hist[lane * per + i];
+      // Suffix sums over lanes (from the top).
+      float suffix = lane_mass;
+      for (int o = 1; o < 32; o <<= 1) {
+        float const t = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += t;
+      }
+      unsigned const ok = __ballot_sync(0xffffffffu, above + suffix >= target);
+      int const chosen_lane = ok ? 31 - __clz(ok) : 0;  // none (rounding): keep everything
+      float const lane_above = __shfl_sync(0xffffffffu, suffix - lane_mass, chosen_lane);
+      if (lane == chosen_lane) {
+        float acc = above + lane_above;
+        int bin = lane * per + per - 1;
+        for (; bin > lane * per; --bin) {
+          if (acc + sh.hist[bin] >= target) break;
+          acc += sh.hist[bin];
+        }
+        sh.pick = bin;
+        sh.pick_target = acc;
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sh.pick) << shift;
+    prefix_mask |= digit_mask << shift;
+    above = sh.pick_target;
+  }
+  return prefix;
+}
+
+// Builds the TargetDist of a row (every thread gets the same one); returns its SampleError.
+__device__ inline int32_t block_target_dist(float const* row, int vocab, float temperature,
+                                            int32_t top_k, float top_p, TargetDist& dist,
+                                            SampleShared& sh) {
+  dist = TargetDist{};
+  int32_t const error = sample_config_error(temperature, top_p);
+  if (error != kSampleOk) return error;
+  if (sample_is_greedy(temperature)) {
+    uint64_t best = 0;
+    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
+      uint64_t const k = sample_argmax_pack(l, v);
+      best = k > best ? k : best;
+    });
+    best = block_max_u64(best, sh);
+    if (!isfinite(sample_argmax_value(best))) return kSampleBadLogits;
+    dist.greedy_token = sample_argmax_index(best);
+    return kSampleOk;
+  }
+  float const inv_t = 1.0f / temperature;
+  dist.inv_t = inv_t;
+  uint32_t max_key = 0;
+  for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads,
+                 [&](int, float l) { max_key = max(max_key, float_order_key(l * inv_t)); });
+  max_key = static_cast<uint32_t>(block_max_u64(max_key, sh));
+  dist.max_z = float_from_order_key(max_key);
+  if (!isfinite(dist.max_z)) return kSampleBadLogits;
+  if (sample_uses_top_k(top_k, vocab)) {
+    dist.min_key = block_radix_threshold(
+        row, vocab,
+        [&](int, float l, uint32_t& key, float& amount) {
+          key = float_order_key(l * inv_t);
+          amount = 1.0f;
+          return true;
+        },
+        static_cast<float>(top_k), sh);
+  }
+  if (sample_uses_top_p(top_p)) {
+    TargetDist const topk_dist = dist;
+    float local = 0.0f;
+    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads,
+                   [&](int v, float l) { local += topk_dist.weight(v, l); });
+    float const total = block_sum(local, sh);
+    uint32_t const k = block_radix_threshold(
+        row, vocab,
+        [&](int v, float l, uint32_t& key, float& amount) {
+          key = float_order_key(l * inv_t);
+          amount = topk_dist.weight(v, l);
+          return key >= topk_dist.min_key;
+        },
+        top_p * total, sh);
+    dist.min_key = max(dist.min_key, k);
+  }
+  return kSampleOk;
+}
+
+// Sum over the row of weight(v, logit) (every thread gets it).
+template <class Weight>
+__device__ float block_weight_sum(float const* row, int vocab, Weight&& weight, SampleShared& sh) {
+  float local = 0.0f;
+  for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads,
+                 [&](int v, float l) { local += weight(v, l); });
+  return block_sum(local, sh);
+}
+
+__device__ inline bool is_excluded(int v, int32_t const* excluded, int n_excluded) {
+  for (int i = 0; i < n_excluded; ++i) {
+    if (excluded[i] == v) return true;
+  }
+  return false;
+}
+
+// Sum of weight over [lo, hi) computed by one warp, minus the excluded tokens inside the range.
+template <class Weight>
+__device__ float warp_range_sum(float const* row, int lo, int hi, Weight& weight,
+                                int32_t const* excluded, int n_excluded) {
+  int const lane = threadIdx.x & 31;
+  float s = 0.0f;
+  for_each_logit(row, lo, hi, lane, 32, [&](int v, float l) { s += weight(v, l); });
+  for (int i = lane; i < n_excluded; i += 32) {
+    int const x = excluded[i];
+    if (x >= lo && x < hi) s -= weight(x, __ldg(row + x));
+  }
+  s = warp_sum(s);
+  return s > 0.0f ? s : 0.0f;
+}
+
+// Warp 0 picks the first part whose inclusive prefix exceeds `target` (else the last positive
+// part) and stores it and the target left inside it in sh.pick / sh.pick_target.
+__device__ inline void pick_part(float target, SampleShared& sh) {
+  if (threadIdx.x < 32) {
+    int const lane = threadIdx.x;
+    float const mine = sh.part[lane];
+    float incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      float const t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
+    }
+    unsigned const crossed = __ballot_sync(0xffffffffu, incl > target);
+    unsigned const positive = __ballot_sync(0xffffffffu, mine > 0.0f);
+    int const chosen = crossed ? __ffs(crossed) - 1 : (positive ? 31 - __clz(positive) : 0);
+    float const before = __shfl_sync(0xffffffffu, incl - mine, chosen);
+    if (lane == 0) {
+      sh.pick = chosen;
+      sh.pick_target = target - before;
+    }
+  }
+  __syncthreads();
+}
+
+// Inverse-CDF draw with uniform u from weight(v, logit) over [0, vocab), skipping the `excluded`
+// tokens (shared or global memory, distinct). Returns -1 when the total weight is 0. Every thread
+// gets the result.
+template <class Weight>
+__device__ int32_t block_sample(float const* row, int vocab, Weight&& weight,
+                                int32_t const* excluded, int n_excluded, float u,
+                                SampleShared& sh) {
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Level 1: one segment per warp (a multiple of 4 elements, so segments stay 16-byte aligned).
+  int const seg = ((ceil_div(vocab, kSampleWarps) + 3) / 4) * 4;
+  int const lo1 = min(vocab, warp * seg), hi1 = min(vocab, lo1 + seg);
+  float const s1 = warp_range_sum(row, lo1, hi1, weight, excluded, n_excluded);
+  __syncthreads();
+  if (lane == 0) sh.part[warp] = s1;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kSampleWarps; ++w) total += sh.part[w];
+  if (!(total > 0.0f)) return -1;
+  pick_part(u * total, sh);
+  int const seg_lo = min(vocab, sh.pick * seg), seg_hi = min(vocab, seg_lo + seg);
+  float const target2 = sh.pick_target;
+  // Level 2: the chosen segment over the 32 warps.
+  int const sub = ceil_div(seg_hi - seg_lo, kSampleWarps);
+  int const lo2 = min(seg_hi, seg_lo + warp * sub), hi2 = min(seg_hi, lo2 + sub);
+  float const s2 = warp_range_sum(row, lo2, hi2, weight, excluded, n_excluded);
+  __syncthreads();
+  if (lane == 0) sh.part[warp] = s2;
+  __syncthreads();
+  pick_part(target2, sh);
+  int const sub_lo = min(seg_hi, seg_lo + sh.pick * sub), sub_hi = min(seg_hi, sub_lo + sub);
+  float const target3 = sh.pick_target;
+  __syncthreads();
+  // Level 3: warp 0 scans the chosen sub-segment element by element.
+  if (warp == 0) {
+    float running = 0.0f;
+    int found = -1, last_positive = -1;
+    for (int base = sub_lo; base < sub_hi && found < 0; base += 32) {
+      int const v = base + lane;
+      float w = 0.0f;
+      if (v < sub_hi && !is_excluded(v, excluded, n_excluded)) w = weight(v, __ldg(row + v));
+      float incl = w;
+      for (int o = 1; o < 32; o <<= 1) {
+        float const t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+      }
+      unsigned const crossed = __ballot_sync(0xffffffffu, running + incl > target3);
+      unsigned const positive = __ballot_sync(0xffffffffu, w > 0.0f);
+      if (crossed) found = base + __ffs(crossed) - 1;
+      if (positive) last_positive = base + 31 - __clz(positive);
+      running += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) sh.pick = found >= 0 ? found : last_positive;
+  }
+  __syncthreads();
+  return sh.pick;
+}
+
+}  // namespace sample_detail
+
+// A template (on the block size, which must be kSampleThreads) so the kernel has inline linkage
+// and the header can be included by several translation units.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ SampleParams const p) {
+  static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
+  __shared__ SampleShared sh;
+  int const b = blockIdx.x;
+  float const* row = p.logits + static_cast<int64_t>(b) * p.vocab;
+  TargetDist dist;
+  int32_t const error = sample_detail::block_target_dist(
+      row, p.vocab, p.config.temperature_of(b), p.config.top_k_of(b), p.config.top_p_of(b), dist,
+      sh);
+  int32_t token = -1;
+  if (error == kSampleOk) {
+    if (dist.greedy_token >= 0) {
+      token = dist.greedy_token;
+    } else {
+      float const u = p.keys.uniform(b, 0, 0);
+      token = sample_detail::block_sample(
+          row, p.vocab, [&](int v, float l) { return dist.weight(v, l); }, nullptr, 0, u, sh);
+    }
+  }
+  if (threadIdx.x == 0) {
+    p.tokens[b] = token;
+    p.status[b] = error;
+  }
+}
+
+inline Status sample_cuda(SampleParams const& p, cudaStream_t stream) {
+  sample_kernel<kSampleThreads><<<p.batch, kSampleThreads, 0, stream>>>(p);
+  return cuda_launch_status("sample_kernel");
+}
+
+}  // namespace specdec::ops

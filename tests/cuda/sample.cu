@@ -1,0 +1,172 @@
+// sample kernel vs the CPU reference over batch, vocab, temperature, top-k, top-p and seeds
+// (tokens exact except draws whose uniform lies within float rounding of a CDF or top-p boundary,
+// detected by recomputing in double), plus a chi-square check of the GPU token histogram.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/ops/sample/sample.hpp"
+#include "support/testing.hpp"
+
+using namespace specdec;
+using namespace specdec::ops;
+
+namespace {
+
+struct Host {
+  std::vector<float> logits, temperature, top_p;
+  std::vector<int32_t> top_k, tokens, status;
+  std::vector<uint64_t> seed;
+  std::vector<uint32_t> step;
+  SampleParams params(int batch, int vocab) {
+    SampleParams p;
+    p.logits = logits.data();
+    p.batch = batch;
+    p.vocab = vocab;
+    p.config = {temperature.data(), top_k.data(), top_p.data()};
+    p.keys.seed = seed.data();
+    p.keys.step = step.data();
+    p.tokens = tokens.data();
+    p.status = status.data();
+    return p;
+  }
+};
+
+// Whether the CPU draw of row b sits within rounding of a boundary (CDF prefix or top-p mass).
+bool near_boundary(float const* row, int vocab, float t, int32_t k, float top_p, float u) {
+  TargetDist d;
+  if (target_dist_reference(row, vocab, t, k, top_p, d) != kSampleOk || d.greedy_token >= 0) return false;
+  if (sample_uses_top_p(top_p)) {
+    TargetDist lo, hi;
+    (void)target_dist_reference(row, vocab, t, k, top_p * (1 - 1e-4f), lo);
+    (void)target_dist_reference(row, vocab, t, k, std::min(1.0f, top_p * (1 + 1e-4f)), hi);
+    if (lo.min_key != hi.min_key) return true;
+  }
+  double total = 0;
+  for (int v = 0; v < vocab; ++v) total += d.weight(v, row[v]);
+  double const target = u * total, tol = 1e-4 * total;
+  double prefix = 0;
+  for (int v = 0; v < vocab; ++v) {
+    prefix += d.weight(v, row[v]);
+    if (std::fabs(prefix - target) < tol) return true;
+    if (prefix > target + tol) break;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
+  struct Size { int batch, vocab; };
+  Size const sizes[] = {{1, 163840}, {8, 163840}, {64, 32000}, {256, 32000}, {7, 1003}, {3, 5}};
+  float const temps[] = {0.0f, 0.7f, 1.3f};
+  int64_t compared = 0, skipped = 0;
+  testing::Rng rng(2024);
+  for (Size s : sizes) {
+    for (float t : temps) {
+      for (int variant = 0; variant < 3; ++variant) {  // plain, top_p 0.9, top_k 50
+        int const B = s.batch, V = s.vocab;
+        Host h;
+        h.logits = testing::random_logits(rng, B, V);
+        h.temperature.assign(B, t);
+        h.top_k.assign(B, variant == 2 ? 50 : 0);
+        h.top_p.assign(B, variant == 1 ? 0.9f : 1.0f);
+        for (int b = 0; b < B; ++b) {
+          h.seed.push_back(rng());
+          h.step.push_back(static_cast<uint32_t>(rng()));
+        }
+        if (B > 2) h.temperature[1] = 0.0f;  // greedy requests mixed in
+        h.tokens.assign(B, -2);
+        h.status.assign(B, -2);
+        auto hp = h.params(B, V);
+        REQUIRE(sample(CpuExecutor{}, hp).ok());
+        DeviceBuffer<float> logits(h.logits), temperature(h.temperature), top_p(h.top_p);
+        DeviceBuffer<int32_t> top_k(h.top_k), tokens(B), status(B);
+        DeviceBuffer<uint64_t> seed(h.seed);
+        DeviceBuffer<uint32_t> step(h.step);
+        REQUIRE(tokens.fill_bytes(0xff).ok());
+        REQUIRE(status.fill_bytes(0xff).ok());
+        SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
+                        {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+        REQUIRE(sample(CudaExecutor{}, dp).ok());
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        auto gt = tokens.download();
+        auto gs = status.download();
+        for (int b = 0; b < B; ++b) {
+          CHECK(gs[b] == h.status[b]);
+          ++compared;
+          if (gt[b] == h.tokens[b]) continue;
+          float const* row = h.logits.data() + static_cast<size_t>(b) * V;
+          bool const nb = near_boundary(row, V, h.temperature[b], h.top_k[b], h.top_p[b],
+                                        hp.keys.uniform(b, 0, 0));
+          CHECK_MESSAGE(nb, "B=" << B << " V=" << V << " T=" << t << " variant " << variant
+                                 << " b=" << b << ": gpu " << gt[b] << " cpu " << h.tokens[b]);
+          ++skipped;
+        }
+      }
+    }
+  }
+  MESSAGE("compared " << compared << ", near-boundary " << skipped);
+  CHECK(skipped * 100 < compared);
+}
+
+TEST_CASE("sample: invalid per-request values on the GPU") {
+  int const B = 4, V = 64;
+  testing::Rng rng(5);
+  Host h;
+  h.logits = testing::random_logits(rng, B, V);
+  h.temperature = {NAN, 1.0f, 1.0f, 1.0f};
+  h.top_p = {1.0f, 0.0f, 1.0f, 1.0f};
+  h.top_k = {0, 0, 0, 0};
+  for (int v = 0; v < V; ++v) h.logits[2 * V + v] = -INFINITY;
+  h.seed = {1, 2, 3, 4};
+  h.step = {0, 0, 0, 0};
+  DeviceBuffer<float> logits(h.logits), temperature(h.temperature), top_p(h.top_p);
+  DeviceBuffer<int32_t> top_k(h.top_k), tokens(B), status(B);
+  DeviceBuffer<uint64_t> seed(h.seed);
+  DeviceBuffer<uint32_t> step(h.step);
+  SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
+                  {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+  REQUIRE(sample(CudaExecutor{}, dp).ok());
+  auto gt = tokens.download();
+  auto gs = status.download();
+  CHECK(gs == std::vector<int32_t>{kSampleBadTemperature, kSampleBadTopP, kSampleBadLogits, kSampleOk});
+  CHECK(gt[0] == -1);
+  CHECK(gt[1] == -1);
+  CHECK(gt[2] == -1);
+  CHECK(gt[3] >= 0);
+}
+
+TEST_CASE("sample: GPU token histogram matches p (chi-square)") {
+  // One row of V = 8 repeated over B requests with distinct seeds; p = {1..8}/36 at T = 1.
+  int const B = 200000, V = 8;
+  std::vector<float> row(V);
+  for (int v = 0; v < V; ++v) row[v] = std::log(static_cast<float>(v + 1));
+  std::vector<float> logits;
+  for (int b = 0; b < B; ++b) logits.insert(logits.end(), row.begin(), row.end());
+  std::vector<uint64_t> seeds(B);
+  for (int b = 0; b < B; ++b) seeds[b] = 0x12345ull * (b + 1);
+  DeviceBuffer<float> d_logits(logits), temperature(std::vector<float>(B, 1.0f));
+  DeviceBuffer<uint64_t> seed(seeds);
+  DeviceBuffer<uint32_t> step(std::vector<uint32_t>(B, 9));
+  DeviceBuffer<int32_t> tokens(B), status(B);
+  SampleParams dp{d_logits.data(), B, V, {temperature.data(), nullptr, nullptr},
+                  {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+  REQUIRE(sample(CudaExecutor{}, dp).ok());
+  auto gt = tokens.download();
+  std::vector<double> counts(V, 0);
+  for (int b = 0; b < B; ++b) {
+    REQUIRE((gt[b] >= 0 && gt[b] < V));
+    counts[gt[b]] += 1;
+  }
+  double chi2 = 0;
+  for (int v = 0; v < V; ++v) {
+    double const e = B * (v + 1) / 36.0;
+    chi2 += (counts[v] - e) * (counts[v] - e) / e;
+  }
+  // Critical value of chi-square with 7 degrees of freedom at p = 1e-4 (table): 29.88.
+  MESSAGE("chi2 = " << chi2);
+  CHECK(chi2 < 29.88);
+}

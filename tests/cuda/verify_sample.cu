@@ -1,0 +1,162 @@
+// verify_sample kernel vs the CPU reference over batch, nodes, vocab, tree top-k, temperature,
+// top-k / top-p and seeds, deterministic and sampled drafts. Paths, counts, next tokens and
+// statuses exact. Requests whose walk passes within float rounding of a decision boundary may
+// differ in path / next token (the kernel sums in float, the reference in double): such mismatches
+// are printed and counted and must stay at or under 1% of requests (statuses always exact).
+// TODO: detect the boundary case per request (recompute each decision in double) instead of a
+// budget.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/ops/verify_sample/verify_sample.hpp"
+#include "support/testing.hpp"
+
+using namespace specdec;
+using namespace specdec::ops;
+
+namespace {
+
+struct TreeHost {
+  std::vector<int32_t> tokens, parents, depth, first_child, next_sibling, tree_status;
+};
+
+// A tree of n nodes where every node has at most `topk` children (BFS fill), with links.
+void make_tree(testing::Rng& rng, int n, int topk, TreeHost& t, int b) {
+  std::vector<int32_t> parents(n, -1), children(n, 0);
+  int cursor = 0;
+  for (int i = 1; i < n; ++i) {
+    while (children[cursor] >= topk || (rng() % 4 == 0 && cursor + 1 < i)) ++cursor;
+    parents[i] = cursor;
+    ++children[cursor];
+  }
+  std::vector<int32_t> depth(n, 0), fc(n, -1), ns(n, -1);
+  for (int i = 1; i < n; ++i) depth[i] = depth[parents[i]] + 1;
+  for (int i = n - 1; i >= 1; --i) {
+    ns[i] = fc[parents[i]];
+    fc[parents[i]] = i;
+  }
+  t.parents.insert(t.parents.end(), parents.begin(), parents.end());
+  t.depth.insert(t.depth.end(), depth.begin(), depth.end());
+  t.first_child.insert(t.first_child.end(), fc.begin(), fc.end());
+  t.next_sibling.insert(t.next_sibling.end(), ns.begin(), ns.end());
+  t.tree_status.push_back(b % 17 == 5 ? kTreeBadParent : kTreeOk);  // some skipped requests
+}
+
+}  // namespace
+
+TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
+  struct Case { int batch, nodes, vocab, topk; bool sampled; };
+  Case const cases[] = {
+      {1, 1, 163840, 1, false},  {1, 16, 163840, 4, false}, {4, 4, 163840, 2, true},
+      {8, 16, 32000, 8, false},  {64, 4, 32000, 2, false},  {16, 64, 32000, 8, false},
+      {256, 4, 4096, 1, false},  {8, 16, 32000, 4, true},   {64, 8, 1000, 2, true},
+      {256, 1, 2048, 1, true},   {4, 64, 5003, 8, true},
+  };
+  float const temps[] = {0.0f, 0.7f, 1.3f};
+  int64_t compared = 0, skipped = 0;
+  testing::Rng rng(77);
+  for (Case cs : cases) {
+    for (int variant = 0; variant < 4; ++variant) {  // T by variant; top_p 0.9 / top_k 50 mixed
+      int const B = cs.batch, N = cs.nodes, V = cs.vocab;
+      size_t const rows = static_cast<size_t>(B) * N;
+      TreeHost t;
+      for (int b = 0; b < B; ++b) make_tree(rng, N, cs.topk, t, b);
+      // Target logits; sharpened so drafts are often accepted. Draft q = softmax(logits + noise).
+      std::vector<float> logits = testing::random_logits(rng, rows, V, 4.0f);
+      std::vector<float> q;
+      std::vector<float> temperature(B), top_p(B, 1.0f);
+      std::vector<int32_t> top_k(B, 0);
+      for (int b = 0; b < B; ++b) {
+        temperature[b] = temps[(b + variant) % 3];
+        if ((b + variant) % 4 == 1) top_p[b] = 0.9f;
+        if ((b + variant) % 4 == 2) top_k[b] = 50;
+      }
+      if (cs.sampled) {
+        q.resize(rows * V);
+        std::normal_distribution<float> noise(0.0f, 1.0f);
+        for (size_t r = 0; r < rows; ++r) {
+          double m = -INFINITY, s = 0;
+          for (int v = 0; v < V; ++v) m = std::max(m, double(q[r * V + v] = logits[r * V + v] + noise(rng)));
+          for (int v = 0; v < V; ++v) s += q[r * V + v] = static_cast<float>(std::exp(q[r * V + v] - m));
+          for (int v = 0; v < V; ++v) q[r * V + v] = static_cast<float>(q[r * V + v] / s);
+        }
+      }
+      // Draft tokens: half the time the parent's target argmax (likely accepted), else random.
+      t.tokens.assign(rows, 0);
+      for (int b = 0; b < B; ++b) {
+        for (int i = 1; i < N; ++i) {
+          size_t const pr = static_cast<size_t>(b) * N + t.parents[b * N + i];
+          int best = 0;
+          for (int v = 1; v < V; ++v) best = logits[pr * V + v] > logits[pr * V + best] ? v : best;
+          t.tokens[b * N + i] = (rng() % 2) ? best : static_cast<int32_t>(rng() % V);
+        }
+      }
+      std::vector<uint64_t> seed(B);
+      std::vector<uint32_t> step(B);
+      for (int b = 0; b < B; ++b) {
+        seed[b] = rng();
+        step[b] = static_cast<uint32_t>(rng());
+      }
+      int const P = N;
+      std::vector<int32_t> path(static_cast<size_t>(B) * P), num(B), next(B), status(B);
+      VerifySampleParams hp;
+      hp.tree = {t.tokens.data(), t.parents.data(), nullptr, B, N};
+      hp.links = {t.depth.data(), t.first_child.data(), t.next_sibling.data(), t.tree_status.data()};
+      hp.logits = logits.data();
+      hp.draft_probs = cs.sampled ? q.data() : nullptr;
+      hp.vocab = V;
+      hp.config = {temperature.data(), top_k.data(), top_p.data()};
+      hp.keys.seed = seed.data();
+      hp.keys.step = step.data();
+      hp.out = {path.data(), num.data(), next.data(), P};
+      hp.status = status.data();
+      REQUIRE(verify_sample(CpuExecutor{}, hp).ok());
+
+      DeviceBuffer<int32_t> d_tokens(t.tokens), d_parents(t.parents), d_depth(t.depth),
+          d_fc(t.first_child), d_ns(t.next_sibling), d_ts(t.tree_status), d_top_k(top_k);
+      DeviceBuffer<float> d_logits(logits), d_q(q), d_temp(temperature), d_top_p(top_p);
+      DeviceBuffer<uint64_t> d_seed(seed);
+      DeviceBuffer<uint32_t> d_step(step);
+      DeviceBuffer<int32_t> d_path(path.size()), d_num(B), d_next(B), d_status(B);
+      REQUIRE(d_path.fill_bytes(0xff).ok());
+      REQUIRE(d_num.fill_bytes(0xff).ok());
+      REQUIRE(d_next.fill_bytes(0xff).ok());
+      REQUIRE(d_status.fill_bytes(0xff).ok());
+      VerifySampleParams dp = hp;
+      dp.tree = {d_tokens.data(), d_parents.data(), nullptr, B, N};
+      dp.links = {d_depth.data(), d_fc.data(), d_ns.data(), d_ts.data()};
+      dp.logits = d_logits.data();
+      dp.draft_probs = cs.sampled ? d_q.data() : nullptr;
+      dp.config = {d_temp.data(), d_top_k.data(), d_top_p.data()};
+      dp.keys = {d_seed.data(), d_step.data(), nullptr};
+      dp.out = {d_path.data(), d_num.data(), d_next.data(), P};
+      dp.status = d_status.data();
+      REQUIRE(verify_sample(CudaExecutor{}, dp).ok());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      auto gpath = d_path.download();
+      auto gnum = d_num.download();
+      auto gnext = d_next.download();
+      auto gstatus = d_status.download();
+      int accepted_total = 0;
+      for (int b = 0; b < B; ++b) {
+        ++compared;
+        accepted_total += num[b];
+        CHECK(gstatus[b] == status[b]);
+        bool same = gnum[b] == num[b] && gnext[b] == next[b];
+        for (int i = 0; i < P; ++i) same = same && gpath[b * P + i] == path[b * P + i];
+        if (same) continue;
+        ++skipped;
+        MESSAGE("mismatch B=" << B << " N=" << N << " V=" << V << " b=" << b << " T="
+                              << temperature[b] << " top_p " << top_p[b] << " top_k " << top_k[b]
+                              << ": gpu num " << gnum[b] << " next " << gnext[b] << ", cpu num "
+                              << num[b] << " next " << next[b]);
+      }
+      if (N > 1) CHECK(accepted_total > 0);  // the sweep exercises acceptance
+    }
+  }
+  MESSAGE("compared " << compared << ", mismatched (near-boundary) " << skipped);
+  CHECK(skipped * 100 <= compared);
+}
