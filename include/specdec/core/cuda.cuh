@@ -47,7 +47,7 @@ class DeviceBuffer {
       count_ = 0;
     }
   }
-  // Allocates and copies `host`; on failure the buffer is empty and valid() is false.
+  // Allocates and copies `host`; on failure the buffer is empty (size() == 0).
   explicit DeviceBuffer(std::vector<T> const& host) : DeviceBuffer(host.size()) {
     if (!upload(host).ok()) *this = DeviceBuffer();
   }
