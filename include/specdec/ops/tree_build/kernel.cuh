@@ -1,0 +1,112 @@
+// tree_build CUDA kernel: one block per request, one thread per node (blockDim = N rounded up to
+// a warp, N <= 1024). The request's parents are staged in shared memory; each thread walks its own
+// ancestors (O(depth), bounded by a prior block-wide check of every parent) for depth and its
+// mask row, scans the parents once (O(N)) for its first child and next sibling, and a leaf writes
+// its index at its rank among the leaves (a block prefix count of leaf flags); then one warp per
+// leaf_paths row writes the path from the leaf's mask row (coalesced).
+// Validation checks are block-wide ORs, so a bad request stops before any walk. The launcher does
+// no host synchronisation, allocation or host read of device data (graph-capturable).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/core/tree.hpp"
+#include "specdec/ops/tree_build/params.hpp"
+
+namespace specdec::ops {
+namespace tree_build_detail {
+
+constexpr int kWarps = kTreeBuildMaxNodes / 32;
+
+__global__ void __launch_bounds__(kTreeBuildMaxNodes)
+    tree_build_kernel(__grid_constant__ TreeBuildParams const p) {
+  __shared__ int32_t s_par[kTreeBuildMaxNodes];
+  __shared__ int32_t s_warp_leaves[kWarps];
+  __shared__ int32_t s_leaf[kTreeBuildMaxNodes];   // node index of the k-th leaf
+  __shared__ int32_t s_depth[kTreeBuildMaxNodes];  // -1 for unused nodes
+  int const b = blockIdx.x;
+  int const i = threadIdx.x;
+  int const N = p.tree.nodes, W = mask_words(N), P = p.out.path_capacity;
+  int64_t const row0 = static_cast<int64_t>(b) * N;
+  int const count = p.tree.count(b);  // block-uniform, so every branch below on status is too
+
+  int32_t status = (count < 1 || count > N) ? kTreeBadNodeCount : kTreeOk;
+  if (status == kTreeOk && i < count) s_par[i] = p.tree.parents[row0 + i];
+  __syncthreads();
+  if (status == kTreeOk) {
+    if (s_par[0] != -1) {
+      status = kTreeBadRoot;
+    } else if (__syncthreads_or(i > 0 && i < count && !tree_parent_ok(s_par[i], i))) {
+      status = kTreeBadParent;
+    }
+  }
+  int depth = -1;
+  if (status == kTreeOk) {
+    if (i < count) depth = tree_node_depth(s_par, i);
+    if (__syncthreads_or(depth + 1 > P)) status = kTreeTooDeep;
+  }
+  int const n = status == kTreeOk ? count : 0;
+  bool const used = i < n;
+
+  int32_t first_child = -1;
+  if (i < N) {
+    uint32_t* mrow = p.out.mask + (row0 + i) * W;
+    int32_t next_sibling = -1;
+    if (used) {
+      tree_write_mask_row(s_par, i, W, mrow);
+      first_child = tree_first_child(s_par, n, i);
+      next_sibling = tree_next_sibling(s_par, n, i);
+    } else {
+      for (int w = 0; w < W; ++w) mrow[w] = 0;
+    }
+    p.out.depth[row0 + i] = used ? depth : -1;
+    p.out.positions[row0 + i] = used ? p.prefix_len[b] + depth : -1;
+    p.out.first_child[row0 + i] = first_child;
+    p.out.next_sibling[row0 + i] = next_sibling;
+  }
+
+  // Leaf rank = leaves with a smaller index: warp ballots, then a scan of the per-warp counts.
+  bool const leaf = used && first_child == -1;
+  int const lane = i & 31, warp = i >> 5;
+  unsigned const ballot = __ballot_sync(0xffffffffu, leaf);
+  if (lane == 0) s_warp_leaves[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    int const c = s_warp_leaves[w];
+    before += w < warp ? c : 0;
+    total += c;
+  }
+  int const rank = before + __popc(ballot & ((1u << lane) - 1u));
+  if (leaf) s_leaf[rank] = i;
+  if (i < N) s_depth[i] = used ? depth : -1;
+  __syncthreads();  // also makes this block's mask rows (global) visible to all its threads
+  // leaf_paths: one warp per row, lanes along the path (coalesced); entry t of the k-th leaf's
+  // row is the t-th set bit of the leaf's mask row.
+  int const warps = static_cast<int>(blockDim.x >> 5);
+  for (int k = warp; k < N; k += warps) {
+    int32_t* row = p.out.leaf_paths + (row0 + k) * P;
+    int const leaf_k = k < total ? s_leaf[k] : -1;
+    int const d = leaf_k >= 0 ? s_depth[leaf_k] : -1;
+    uint32_t const* mrow = p.out.mask + (row0 + (leaf_k >= 0 ? leaf_k : 0)) * W;
+    for (int t = lane; t < P; t += 32) row[t] = t <= d ? tree_path_node(mrow, W, t) : -1;
+  }
+  if (i == 0) {
+    p.out.leaf_count[b] = total;
+    p.out.tree_status[b] = status;
+  }
+}
+
+}  // namespace tree_build_detail
+
+// Launches tree_build on `stream`; all pointers in p are device memory.
+inline Status tree_build_cuda(TreeBuildParams const& p, cudaStream_t stream) {
+  int const threads = (p.tree.nodes + 31) / 32 * 32;
+  tree_build_detail::tree_build_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
+  return cuda_launch_status("tree_build_kernel");
+}
+
+}  // namespace specdec::ops
