@@ -72,9 +72,9 @@ void BM_draft_expand(benchmark::State& state) {
   p.next_branch = nbranch.data();
   p.workspace = ws.data();
   p.workspace_bytes = ws.size() * 8;
-  specdec::bench::time_launches(state, nullptr, static_cast<double>(set_bytes), [&](int i) {
+  specdec::bench::time_launches(state, static_cast<double>(set_bytes), [&](int i, cudaStream_t stream) {
     p.logits = logits.data() + (i % sets) * count;
-    auto s = ops::draft_expand(specdec::CudaExecutor{nullptr}, p);
+    auto s = ops::draft_expand(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }
@@ -126,8 +126,8 @@ void BM_draft_finalize(benchmark::State& state) {
   p.node_slot = slot.data();
   p.status = status.data();
   double const bytes = 12.0 * B * C + 4.0 * B + 12.0 * B * N + 4.0 * B;
-  specdec::bench::time_launches(state, nullptr, bytes, [&](int) {
-    auto s = ops::draft_finalize(specdec::CudaExecutor{nullptr}, p);
+  specdec::bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
+    auto s = ops::draft_finalize(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }

@@ -52,8 +52,8 @@ void BM_kv_commit(benchmark::State& state) {
   p.seq_len_out = seq.data();
   p.status = status.data();
   double const bytes = 2.0 * L * B * accepted * row_bytes;
-  specdec::bench::time_launches(state, nullptr, bytes, [&](int) {
-    auto s = specdec::ops::kv_commit(specdec::CudaExecutor{nullptr}, p);
+  specdec::bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
+    auto s = specdec::ops::kv_commit(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }

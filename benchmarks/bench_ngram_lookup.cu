@@ -35,8 +35,8 @@ void BM_ngram_lookup(benchmark::State& state) {
   p.out_parents = parents.data();
   p.out_node_count = count.data();
   double const bytes = 4.0 * B * (L + 2.0 * N + 2);
-  specdec::bench::time_launches(state, nullptr, bytes, [&](int) {
-    auto s = specdec::ops::ngram_lookup(specdec::CudaExecutor{nullptr}, p);
+  specdec::bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
+    auto s = specdec::ops::ngram_lookup(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }

@@ -29,9 +29,10 @@ void BM_sample(benchmark::State& state) {
   DeviceBuffer<int32_t> tokens(B), status(B);
   ops::SampleParams p{nullptr, B, V, {temperature.data(), top_k.data(), top_p.data()},
                       {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
-  bench::time_launches(state, nullptr, row_bytes + 8.0 * B, [&](int i) {
+  bench::time_launches(state, row_bytes + 8.0 * B, [&](int i, cudaStream_t stream) {
     p.logits = logits[i % sets].data();
-    (void)ops::sample(CudaExecutor{}, p);
+    Status const status = ops::sample(CudaExecutor{stream}, p);
+    if (!status.ok()) state.SkipWithError(status.to_string().c_str());
   });
 }
 SPECDEC_CUDA_BENCHMARK(BM_sample)

@@ -31,8 +31,8 @@ void BM_tree_build(benchmark::State& state) {
   p.out = {mask.data(),  depth.data(),  pos.data(),    fc.data(), ns.data(),
            paths.data(), leaves.data(), status.data(), P};
   double const bytes = 4.0 * (rows + B) + 4.0 * rows * (W + 4 + P) + 8.0 * B;
-  specdec::bench::time_launches(state, nullptr, bytes, [&](int) {
-    auto s = specdec::ops::tree_build(specdec::CudaExecutor{nullptr}, p);
+  specdec::bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
+    auto s = specdec::ops::tree_build(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }

@@ -53,9 +53,9 @@ void BM_verify_greedy(benchmark::State& state) {
   p.vocab = V;
   p.argmax_scratch = argmax.data();
   p.out = {path.data(), num.data(), next.data(), P};
-  specdec::bench::time_launches(state, nullptr, static_cast<double>(set_bytes), [&](int i) {
+  specdec::bench::time_launches(state, static_cast<double>(set_bytes), [&](int i, cudaStream_t stream) {
     p.logits = logits.data() + (i % sets) * logit_count;
-    auto s = specdec::ops::verify_greedy(specdec::CudaExecutor{nullptr}, p);
+    auto s = specdec::ops::verify_greedy(specdec::CudaExecutor{stream}, p);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }

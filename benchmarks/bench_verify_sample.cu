@@ -58,7 +58,10 @@ void BM_verify_sample(benchmark::State& state) {
   p.out = {path.data(), num.data(), next.data(), N};
   p.status = status.data();
   double const bytes = static_cast<double>(rows) * V * 4.0 * (sampled ? 2 : 1);
-  bench::time_launches(state, nullptr, bytes, [&](int) { (void)ops::verify_sample(CudaExecutor{}, p); });
+  bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
+    Status const status = ops::verify_sample(CudaExecutor{stream}, p);
+    if (!status.ok()) state.SkipWithError(status.to_string().c_str());
+  });
 }
 SPECDEC_CUDA_BENCHMARK(BM_verify_sample)
     ->ArgNames({"batch", "nodes", "vocab", "sampled"})

@@ -1,5 +1,8 @@
 // CUDA plumbing: the CudaExecutor, Status from CUDA errors, an owning device buffer, and a
 // query for whether a GPU is present (tests skip themselves without one).
+// Kernels live in headers, so a kernel that is not a template is declared `static __global__`:
+// every translation unit of a binary may include it (a plain one would be defined in each and
+// fail to link).
 #pragma once
 
 #include <cuda_runtime.h>

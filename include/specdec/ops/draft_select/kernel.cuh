@@ -288,7 +288,7 @@ Status draft_expand_launch(DraftExpandParams const& p, cudaStream_t stream) {
 // Dynamic shared memory of draft_finalize_kernel: keys [C] u64, node index [C] i32, chosen [C] u8.
 inline size_t finalize_smem_bytes(int C) { return static_cast<size_t>(C) * (8 + 4 + 1); }
 
-__global__ void __launch_bounds__(kFinalizeThreads)
+static __global__ void __launch_bounds__(kFinalizeThreads)
     draft_finalize_kernel(__grid_constant__ DraftFinalizeParams const p) {
   extern __shared__ __align__(8) unsigned char s_raw[];
   int const C = draft_candidate_count(p.topk, p.steps), N = p.nodes;

@@ -39,7 +39,7 @@ __device__ __forceinline__ int suffix_match_length(int32_t const* row, int len, 
   return l;
 }
 
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     ngram_lookup_kernel(__grid_constant__ NgramLookupParams const p) {
   extern __shared__ int32_t trie_arrays[];  // tokens, parents, first_child, next_sibling: N each
   __shared__ uint64_t warp_best[kThreads / 32];

@@ -21,7 +21,7 @@ namespace tree_build_detail {
 
 constexpr int kWarps = kTreeBuildMaxNodes / 32;
 
-__global__ void __launch_bounds__(kTreeBuildMaxNodes)
+static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
     tree_build_kernel(__grid_constant__ TreeBuildParams const p) {
   __shared__ int32_t s_par[kTreeBuildMaxNodes];
   __shared__ int32_t s_warp_leaves[kWarps];

@@ -60,7 +60,7 @@ __device__ __forceinline__ void consume4(uint64_t& best, float4 const x, int32_t
 }
 
 // grid.x = B * N * split; blocks [row*split, row*split + split) form one cluster when split > 1.
-__global__ void __launch_bounds__(kArgmaxThreads)
+static __global__ void __launch_bounds__(kArgmaxThreads)
     verify_greedy_argmax_kernel(__grid_constant__ VerifyGreedyParams const p, int const split) {
   int64_t const row = blockIdx.x / split;
   int const rank = static_cast<int>(blockIdx.x % split);
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 // grid.x = B, blockDim.x = min(1024, N rounded up to a warp).
-__global__ void __launch_bounds__(kAcceptMaxThreads)
+static __global__ void __launch_bounds__(kAcceptMaxThreads)
     verify_greedy_accept_kernel(__grid_constant__ VerifyGreedyParams const p) {
   int const b = blockIdx.x, nodes = p.tree.nodes, cap = p.out.path_capacity;
   int const tid = threadIdx.x;
