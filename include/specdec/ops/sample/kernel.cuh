@@ -28,8 +28,14 @@ constexpr int kSampleRadixBins = 2048;  // 11-bit digits: 3 passes over a 32-bit
 // Loads in flight per thread in the streaming loops.
 constexpr int kSampleUnroll = 4;
 
+// Radix histograms accumulate in 64-bit fixed point (units of 2^-40): integer atomics commute, so
+// the top-k / top-p thresholds, and with them every sampled token, are bitwise reproducible from
+// run to run (float atomics would round in arrival order). Each amount is at most 1 (a weight
+// exp(z - max), or a count), so a row of V < 2^24 entries cannot overflow.
+constexpr float kSampleHistScale = 1099511627776.0f;  // 2^40
+
 struct SampleShared {
-  float hist[kSampleRadixBins];
+  unsigned long long hist[kSampleRadixBins];  // fixed point, kSampleHistScale units
   uint64_t scratch64[kSampleWarps];
   float part[kSampleWarps];
   float pick_target;
@@ -37,6 +43,11 @@ struct SampleShared {
 };
 
 namespace sample_detail {
+
+// A fixed-point histogram bin as a float mass.
+__device__ inline float hist_mass(unsigned long long bin) {
+  return __ull2float_rn(bin) * (1.0f / kSampleHistScale);
+}
 
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -105,20 +116,20 @@ __device__ uint32_t block_radix_threshold(float const* row, int vocab, Classify&
     uint32_t const digit_mask = (1u << bits) - 1u;
     int const bins = 1 << bits;
     __syncthreads();
-    for (int i = threadIdx.x; i < bins; i += kSampleThreads) sh.hist[i] = 0.0f;
+    for (int i = threadIdx.x; i < bins; i += kSampleThreads) sh.hist[i] = 0;
     __syncthreads();
     for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
       uint32_t key;
       float amount;
       if (classify(v, l, key, amount) && (key & prefix_mask) == prefix && amount > 0.0f) {
-        atomicAdd(&sh.hist[(key >> shift) & digit_mask], amount);
+        atomicAdd(&sh.hist[(key >> shift) & digit_mask], __float2ull_rn(amount * kSampleHistScale));
       }
     });
     __syncthreads();
     if (threadIdx.x < 32) {
       int const per = bins / 32;
       float lane_mass = 0.0f;
-      for (int i = 0; i < per; ++i) lane_mass += sh.hist[lane * per + i];
+      for (int i = 0; i < per; ++i) lane_mass += hist_mass(sh.hist[lane * per + i]);
       // Suffix sums over lanes (from the top).
       float suffix = lane_mass;
       for (int o = 1; o < 32; o <<= 1) {
@@ -132,8 +143,8 @@ __device__ uint32_t block_radix_threshold(float const* row, int vocab, Classify&
         float acc = above + lane_above;
         int bin = lane * per + per - 1;
         for (; bin > lane * per; --bin) {
-          if (acc + sh.hist[bin] >= target) break;
-          acc += sh.hist[bin];
+          if (acc + hist_mass(sh.hist[bin]) >= target) break;
+          acc += hist_mass(sh.hist[bin]);
         }
         sh.pick = bin;
         sh.pick_target = acc;
