@@ -225,6 +225,13 @@ TEST_CASE("verify_sample: skipped trees, invalid settings and the path capacity"
   l.first_child[1] = 0;
   l.run();
   CHECK(l.status[0] == kSampleBadTree);
+
+  // A sibling cycle 1 -> 2 -> 1 under a root whose target rejects both: a bad tree, not a hang.
+  Tree y({-1, 0, 0}, {0, 1, 2}, {onehot(3), onehot(2), onehot(3)});
+  y.next_sibling[2] = 1;
+  y.run();
+  CHECK(y.status[0] == kSampleBadTree);
+  CHECK(y.next[0] == -1);
 }
 
 TEST_CASE("verify_sample: validation names the problem") {

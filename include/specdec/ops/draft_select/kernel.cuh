@@ -109,7 +109,12 @@ template <int K>
 struct ExpandWorkspace {
   float2* partial;     // [B * K_in * splits] (max, sum)
   uint64_t* keys;      // [B * K_in * splits, K]
-  uint32_t* arrivals;  // [B] blocks of the request done (the last one resets it to 0)
+  uint32_t* arrivals_end;  // one past the counters: request b's is arrivals_end[-1 - b]
+
+  // Blocks of request b done (the last one resets it to 0). Counted from the workspace's end, so
+  // a counter's address does not depend on (B, Vd, topk): a workspace sized for the largest
+  // shape serves every smaller one without stale counters.
+  __device__ uint32_t* arrival(int b) const { return arrivals_end - 1 - b; }
 };
 
 template <int K>
@@ -117,7 +122,8 @@ __device__ __forceinline__ ExpandWorkspace<K> expand_workspace(DraftExpandParams
   size_t const parts = static_cast<size_t>(p.batch) * p.topk * draft_expand_max_splits(p.vocab);
   float2* partial = static_cast<float2*>(p.workspace);
   uint64_t* keys = reinterpret_cast<uint64_t*>(partial + parts);
-  return {partial, keys, reinterpret_cast<uint32_t*>(keys + parts * K)};
+  return {partial, keys,
+          reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(p.workspace) + p.workspace_bytes)};
 }
 
 // Run by the last block of request b: warp i merges branch i's split partials (read through L2:
@@ -265,14 +271,14 @@ __global__ void __launch_bounds__(kExpandThreads)
   }
   __syncthreads();
   if (tid == 0) {
-    uint32_t const arrived = atomicAdd(ws.arrivals + b, 1u);
+    uint32_t const arrived = atomicAdd(ws.arrival(b), 1u);
     s_last = arrived == static_cast<uint32_t>(K_in * splits - 1);
   }
   __syncthreads();
   if (!s_last) return;  // block-uniform
   __threadfence();
   expand_merge_request<K>(p, ws, b, K_in, splits);
-  if (tid == 0) ws.arrivals[b] = 0;  // ready for the next launch (stream order)
+  if (tid == 0) *ws.arrival(b) = 0;  // ready for the next launch (stream order)
 }
 
 template <int K>
@@ -341,7 +347,7 @@ static __global__ void __launch_bounds__(kFinalizeThreads)
 
 }  // namespace draft_select_detail
 
-// Launches draft_expand on `stream` (two kernels); all pointers in p are device memory and
+// Launches draft_expand on `stream` (one kernel); all pointers in p are device memory and
 // p.workspace holds draft_expand_workspace_bytes(B, Vd, topk) bytes.
 inline Status draft_expand_cuda(DraftExpandParams const& p, cudaStream_t stream) {
   switch (p.topk) {

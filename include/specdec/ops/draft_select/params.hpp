@@ -108,8 +108,10 @@ SPECDEC_HD inline int draft_expand_splits(int rows, int vocab) {
 }
 
 // Bytes of CUDA workspace draft_expand needs for any step: per (request, branch, split) a
-// (max, sum) float pair and topk keys, then one uint32 arrival counter per request. Zero the
-// workspace once after allocating it (cudaMemset): every launch leaves the counters at zero.
+// (max, sum) float pair and topk keys from the start, and one uint32 arrival counter per request
+// at the end (counted back from workspace + workspace_bytes). Zero the workspace once after
+// allocating it (cudaMemset): every launch leaves the counters at zero. One workspace sized for
+// the largest (batch, vocab, topk) serves every call with smaller or equal values.
 inline size_t draft_expand_workspace_bytes(int batch, int vocab, int topk) {
   size_t const parts = static_cast<size_t>(batch) * topk * draft_expand_max_splits(vocab);
   return parts * (2 * sizeof(float) + static_cast<size_t>(topk) * sizeof(uint64_t)) +
@@ -226,8 +228,9 @@ inline Status validate_workspace(DraftExpandParams const& p) {
         std::to_string(need) +
         " needed: allocate draft_expand_workspace_bytes(batch, vocab, topk)");
   }
-  if (reinterpret_cast<uintptr_t>(p.workspace) % 8 != 0) {
-    return Status::InvalidArgument("draft_expand: workspace is not 8-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 8 != 0 || p.workspace_bytes % 4 != 0) {
+    return Status::InvalidArgument(
+        "draft_expand: workspace is not 8-byte aligned or its size is not a multiple of 4");
   }
   return Status::Ok();
 }

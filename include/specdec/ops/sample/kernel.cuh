@@ -28,11 +28,13 @@ constexpr int kSampleRadixBins = 2048;  // 11-bit digits: 3 passes over a 32-bit
 // Loads in flight per thread in the streaming loops.
 constexpr int kSampleUnroll = 4;
 
-// Radix histograms accumulate in 64-bit fixed point (units of 2^-40): integer atomics commute, so
+// Radix histograms accumulate in 64-bit fixed point (units of 2^-39): integer atomics commute, so
 // the top-k / top-p thresholds, and with them every sampled token, are bitwise reproducible from
 // run to run (float atomics would round in arrival order). Each amount is at most 1 (a weight
-// exp(z - max), or a count), so a row of V < 2^24 entries cannot overflow.
-constexpr float kSampleHistScale = 1099511627776.0f;  // 2^40
+// exp(z - max), or a count), so a row of V <= 2^24 = kSampleMaxVocab entries sums to at most
+// 2^63 units and cannot overflow (2^40 units would wrap to 0 at V = 2^24 when every key lands in
+// one bin).
+constexpr float kSampleHistScale = 549755813888.0f;  // 2^39
 
 struct SampleShared {
   unsigned long long hist[kSampleRadixBins];  // fixed point, kSampleHistScale units

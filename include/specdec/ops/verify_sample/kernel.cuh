@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.draft_probs == nullptr) {
       int n_rejected = 0;
       float rejected_mass = 0.0f;
-      for (int32_t c = child0; c != -1; c = next_sibling[c]) {
-        if (!verify_sample_link_ok(c, n, count)) {
+      for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+        if (!verify_sample_link_ok(c, after, count)) {
           status = kSampleBadTree;
           break;
         }
@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto residual = [&](int v, float l) {
         return sample_residual_weight(dist.weight(v, l), __ldg(q + v), c_mass);
       };
-      for (int32_t c = child0; c != -1; c = next_sibling[c]) {
-        if (!verify_sample_link_ok(c, n, count)) {
+      for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+        if (!verify_sample_link_ok(c, after, count)) {
           status = kSampleBadTree;
           break;
         }

@@ -67,10 +67,12 @@ struct VerifySampleParams {
   int32_t* status = nullptr;           // [B] int32, written (SampleError)
 };
 
-// Child c of node n is usable iff it lies after n and inside the request's node count; anything
-// else is a broken link (the request gets kSampleBadTree).
-SPECDEC_HD inline bool verify_sample_link_ok(int32_t c, int32_t n, int32_t count) {
-  return c == -1 || (c > n && c < count);
+// A link to node c, reached from `after` (the parent for its first child, the previous sibling
+// otherwise), is usable iff c lies after it and inside the request's node count: links only move
+// forward, so every walk ends within N steps. Anything else is a broken link (the request gets
+// kSampleBadTree).
+SPECDEC_HD inline bool verify_sample_link_ok(int32_t c, int32_t after, int32_t count) {
+  return c == -1 || (c > after && c < count);
 }
 
 inline Status validate(VerifySampleParams const& p) {

@@ -43,8 +43,8 @@ inline Status verify_sample_reference(VerifySampleParams const& p) {
       if (p.draft_probs == nullptr) {
         std::vector<int32_t> rejected;  // distinct rejected tokens
         double rejected_mass = 0.0;
-        for (int32_t c = child0; c != -1; c = next_sibling[c]) {
-          if (!verify_sample_link_ok(c, n, count)) {
+        for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+          if (!verify_sample_link_ok(c, after, count)) {
             status = kSampleBadTree;
             break;
           }
@@ -74,8 +74,8 @@ inline Status verify_sample_reference(VerifySampleParams const& p) {
         float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
         double c_mass = 0.0, residual_mass = total;
         auto residual = [&](int v) -> double { return std::max(w(v) - c_mass * q[v], 0.0); };
-        for (int32_t c = child0; c != -1; c = next_sibling[c]) {
-          if (!verify_sample_link_ok(c, n, count)) {
+        for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+          if (!verify_sample_link_ok(c, after, count)) {
             status = kSampleBadTree;
             break;
           }
