@@ -198,3 +198,13 @@ TEST_CASE("sample: validation names the problem") {
   // top_k / top_p may be null: no top-k / top-p.
   { auto q = p; q.config.top_k = nullptr; q.config.top_p = nullptr; CHECK(sample(CpuExecutor{}, q).ok()); }
 }
+
+TEST_CASE("sample: the deterministic acceptance test never accepts a zero-weight token") {
+  // Rounding can leave the remaining mass S - R a hair below zero once every kept token has been
+  // rejected; a token outside the kept set (weight 0) must still be rejected.
+  CHECK_FALSE(specdec::ops::sample_accept_deterministic(0.5f, -1e-7f, 0.0f));
+  CHECK_FALSE(specdec::ops::sample_accept_deterministic(0.0f, 0.0f, 0.0f));
+  CHECK(specdec::ops::sample_accept_deterministic(0.0f, 1.0f, 1e-30f));
+  CHECK(specdec::ops::sample_accept_deterministic(0.25f, 2.0f, 0.51f));        // 0.5 < 0.51
+  CHECK_FALSE(specdec::ops::sample_accept_deterministic(0.25f, 2.0f, 0.5f));   // 0.5 < 0.5 fails
+}

@@ -153,8 +153,9 @@ SPECDEC_HD inline bool sample_uses_top_p(float top_p) { return top_p < 1.0f; }
 
 // The acceptance test of the deterministic-draft (target-only) rule, without division:
 // accept iff u < w_x / (S - R)  <=>  u * (S - R) < w_x, with R the rejected siblings' weight.
+// A token of weight 0 is never accepted, even when rounding leaves S - R slightly negative.
 SPECDEC_HD inline bool sample_accept_deterministic(float u, float remaining_mass, float w_x) {
-  return u * remaining_mass < w_x;
+  return w_x > 0.0f && u * remaining_mass < w_x;
 }
 
 // The acceptance test of the sampled-draft (SpecInfer) rule in weight units:
