@@ -1,10 +1,9 @@
 // verify_sample kernel vs the CPU reference over batch, nodes, vocab, tree top-k, temperature,
 // top-k / top-p and seeds, deterministic and sampled drafts. Paths, counts, next tokens and
-// statuses exact. Requests whose walk passes within float rounding of a decision boundary may
-// differ in path / next token (the kernel sums in float, the reference in double): such mismatches
-// are printed and counted and must stay at or under 1% of requests (statuses always exact).
-// TODO: detect the boundary case per request (recompute each decision in double) instead of a
-// budget.
+// statuses exact, except for a request whose walk passes within float rounding of a decision
+// boundary (the kernel sums in float, the reference in double): there the GPU's answer must equal
+// the reference's for the same request with its logits scaled by 1 +- 1e-5, and such requests
+// must stay at or under 1% of all (statuses always exact).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -114,6 +113,34 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
       hp.out = {path.data(), num.data(), next.data(), P};
       hp.status = status.data();
       REQUIRE(verify_sample(CpuExecutor{}, hp).ok());
+      // The reference for request b alone with its target logits scaled by `scale`:
+      // accepted_path, then num_accepted and next_token.
+      auto reference_of = [&](int b, float scale) {
+        size_t const row0 = static_cast<size_t>(b) * N;
+        std::vector<float> rows(logits.begin() + row0 * V, logits.begin() + (row0 + N) * V);
+        for (float& x : rows) x *= scale;
+        auto slice = [&](std::vector<int32_t> const& v) {
+          return std::vector<int32_t>(v.begin() + row0, v.begin() + row0 + N);
+        };
+        std::vector<int32_t> tok = slice(t.tokens), par = slice(t.parents), dep = slice(t.depth),
+                             fc = slice(t.first_child), ns = slice(t.next_sibling);
+        int32_t tree_status = t.tree_status[b];
+        uint32_t const id = static_cast<uint32_t>(b);
+        std::vector<int32_t> one_path(P), one_num(1), one_next(1), one_status(1);
+        VerifySampleParams one = hp;
+        one.tree = {tok.data(), par.data(), nullptr, 1, N};
+        one.links = {dep.data(), fc.data(), ns.data(), &tree_status};
+        one.logits = rows.data();
+        one.draft_probs = cs.sampled ? q.data() + row0 * V : nullptr;
+        one.config = {&temperature[b], &top_k[b], &top_p[b]};
+        one.keys = {&seed[b], &step[b], &id};
+        one.out = {one_path.data(), one_num.data(), one_next.data(), P};
+        one.status = one_status.data();
+        REQUIRE(verify_sample(CpuExecutor{}, one).ok());
+        one_path.push_back(one_num[0]);
+        one_path.push_back(one_next[0]);
+        return one_path;
+      };
 
       DeviceBuffer<int32_t> d_tokens(t.tokens), d_parents(t.parents), d_depth(t.depth),
           d_fc(t.first_child), d_ns(t.next_sibling), d_ts(t.tree_status), d_top_k(top_k);
@@ -148,15 +175,24 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
         bool same = gnum[b] == num[b] && gnext[b] == next[b];
         for (int i = 0; i < P; ++i) same = same && gpath[b * P + i] == path[b * P + i];
         if (same) continue;
+        // A mismatch is allowed only near a boundary: the GPU's answer must be what the
+        // reference itself gives for this request with its logits scaled by 1 +- 1e-5 (a change
+        // far above float rounding, far below anything a real bug produces).
+        std::vector<int32_t> gpu_result(gpath.begin() + b * P, gpath.begin() + (b + 1) * P);
+        gpu_result.push_back(gnum[b]);
+        gpu_result.push_back(gnext[b]);
+        bool const near_boundary = gpu_result == reference_of(b, 1.0f + 1e-5f) ||
+                                   gpu_result == reference_of(b, 1.0f - 1e-5f);
+        CHECK_MESSAGE(near_boundary,
+                      "mismatch B=" << B << " N=" << N << " V=" << V << " b=" << b << " T="
+                                    << temperature[b] << " top_p " << top_p[b] << " top_k "
+                                    << top_k[b] << ": gpu num " << gnum[b] << " next " << gnext[b]
+                                    << ", cpu num " << num[b] << " next " << next[b]);
         ++skipped;
-        MESSAGE("mismatch B=" << B << " N=" << N << " V=" << V << " b=" << b << " T="
-                              << temperature[b] << " top_p " << top_p[b] << " top_k " << top_k[b]
-                              << ": gpu num " << gnum[b] << " next " << gnext[b] << ", cpu num "
-                              << num[b] << " next " << next[b]);
       }
       if (N > 1) CHECK(accepted_total > 0);  // the sweep exercises acceptance
     }
   }
-  MESSAGE("compared " << compared << ", mismatched (near-boundary) " << skipped);
+  MESSAGE("compared " << compared << ", near-boundary mismatches " << skipped);
   CHECK(skipped * 100 <= compared);
 }
