@@ -43,6 +43,9 @@ else()
   message(STATUS "specdec: CUDA disabled by SPECDEC_ENABLE_CUDA=OFF; building the CPU path only")
 endif()
 
+# JSON (safetensors headers, config.json, index files): Debian's nlohmann-json3-dev.
+find_package(nlohmann_json 3.2 REQUIRED)
+
 find_package(NCCL)
 if(NCCL_FOUND)
   message(STATUS "specdec: NCCL ${NCCL_VERSION} at ${NCCL_LIBRARY}")
