@@ -2,7 +2,7 @@
 # The whole GPU run on the H200 machine, in one call: configure for sm_90 with ninja, build,
 # run every test (GPU tests included) and the op benchmarks, and write logs plus a short results
 # table under $OUT (default ./device-out). Stages are bounded so the call ends inside its limit.
-#   scripts/device_run.sh [tests|bench|all] [benchmark filter regex]
+#   scripts/device_run.sh [tests|bench|all] [benchmark family regex, e.g. 'copy|verify']
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -23,9 +23,15 @@ if [ "$what" != bench ]; then
   tail -25 "$OUT/ctest.log"
 fi
 if [ "$what" != tests ]; then
-  timeout 240 $build/benchmarks/specdec_bench_ops --benchmark_filter="$filter" \
-    --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.txt" 2>&1 || status=1
-  python3 scripts/bench_table.py "$OUT/bench.json" > "$OUT/results.md" 2>&1 || status=1
+  # One family at a time, each bounded, so a slow family cannot cost the others their numbers.
+  families=$($build/benchmarks/specdec_bench_ops --benchmark_list_tests | sed 's|/.*||' | sort -u |
+             grep -E "$filter")
+  for family in $families; do
+    timeout "${SPECDEC_BENCH_SECONDS:-50}" $build/benchmarks/specdec_bench_ops \
+      --benchmark_filter="^$family/" --benchmark_out="$OUT/$family.json" \
+      --benchmark_out_format=json > "$OUT/$family.txt" 2>&1 || { echo "$family: exit $?"; status=1; }
+  done
+  python3 scripts/bench_table.py "$OUT"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
   cat "$OUT/results.md"
 fi
 exit $status
