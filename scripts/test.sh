@@ -8,4 +8,8 @@ build=${SPECDEC_BUILD_DIR:-build}
 jobs=${SPECDEC_JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja "$@"
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+rc=0
+ctest --test-dir "$build" --output-on-failure -j "$jobs" 2>&1 | tee "$build/ctest.log" || rc=$?
+# ctest lists skipped (GPU) tests after its summary; end with the summary line itself.
+grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1
+exit $rc
