@@ -11,6 +11,7 @@
 // the demo checks that, and with temperature 0 checks the output equals plain greedy decoding.
 // It prints the accept length and the acceptance per draft position.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,9 +53,23 @@ struct Options {
 
 void usage() {
   std::printf(
-      "usage: specdec-demo [--batch B] [--vocab V] [--topk K] [--steps S] [--nodes N]\n"
+      "usage: specdec-demo [--batch B] [--vocab V] [--speculative-eagle-topk K]\n"
+      "                    [--speculative-num-steps S] [--speculative-num-draft-tokens N]\n"
       "                    [--tokens T] [--temperature X] [--noise X] [--sharpness X]\n"
       "                    [--seed S] [--cpu]\n");
+}
+
+// A flag's value as a number; anything but a whole number of that type is an error naming the flag.
+template <class T>
+T number(char const* flag, char const* text) {
+  T value{};
+  char const* end = text + std::strlen(text);
+  auto const [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end || ptr == text) {
+    std::fprintf(stderr, "error: %s expects a number, got '%s'\n", flag, text);
+    std::exit(2);
+  }
+  return value;
 }
 
 bool parse(int argc, char** argv, Options& o) {
@@ -67,19 +82,23 @@ bool parse(int argc, char** argv, Options& o) {
       }
       return argv[++i];
     };
-    if (a == "--batch") o.batch = std::atoi(value("--batch"));
-    else if (a == "--vocab") o.vocab = std::atoi(value("--vocab"));
-    else if (a == "--topk") o.topk = std::atoi(value("--topk"));
-    else if (a == "--steps") o.steps = std::atoi(value("--steps"));
-    else if (a == "--nodes") o.nodes = std::atoi(value("--nodes"));
-    else if (a == "--tokens") o.tokens = std::atoi(value("--tokens"));
-    else if (a == "--temperature") o.temperature = std::strtof(value("--temperature"), nullptr);
-    else if (a == "--noise") o.noise = std::strtof(value("--noise"), nullptr);
-    else if (a == "--sharpness") o.sharpness = std::strtof(value("--sharpness"), nullptr);
-    else if (a == "--seed") o.seed = std::strtoull(value("--seed"), nullptr, 10);
+    auto integer = [&](char const* name) { return number<int>(name, value(name)); };
+    auto real = [&](char const* name) { return number<float>(name, value(name)); };
+    if (a == "--batch") o.batch = integer("--batch");
+    else if (a == "--vocab") o.vocab = integer("--vocab");
+    else if (a == "--speculative-eagle-topk") o.topk = integer("--speculative-eagle-topk");
+    else if (a == "--speculative-num-steps") o.steps = integer("--speculative-num-steps");
+    else if (a == "--speculative-num-draft-tokens") o.nodes = integer("--speculative-num-draft-tokens");
+    else if (a == "--tokens") o.tokens = integer("--tokens");
+    else if (a == "--temperature") o.temperature = real("--temperature");
+    else if (a == "--noise") o.noise = real("--noise");
+    else if (a == "--sharpness") o.sharpness = real("--sharpness");
+    else if (a == "--seed") o.seed = number<uint64_t>("--seed", value("--seed"));
     else if (a == "--cpu") o.cpu = true;
-    else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
-    else {
+    else if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else {
       std::fprintf(stderr, "error: unknown flag %s\n", a.c_str());
       usage();
       return false;
@@ -422,7 +441,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.batch < 1 || o.vocab < o.topk || o.tokens < 1) {
-    std::fprintf(stderr, "error: need --batch >= 1, --vocab >= --topk, --tokens >= 1\n");
+    std::fprintf(stderr, "error: need --batch >= 1, --vocab >= --speculative-eagle-topk, --tokens >= 1\n");
     return 2;
   }
 #if defined(__CUDACC__)
