@@ -1,8 +1,14 @@
-// Shared test helpers: seeded random inputs (never zeros) for trees and logits.
+// Shared test helpers: seeded random inputs (never zeros) for trees and logits; scratch directories.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <vector>
 
 namespace specdec::testing {
@@ -32,5 +38,22 @@ inline std::vector<int32_t> random_parents(Rng& rng, int n, bool deep) {
   }
   return parents;
 }
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "specdec_test_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
+    path = tmpl;
+  }
+  TempDir(TempDir const&) = delete;
+  TempDir& operator=(TempDir const&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(std::string const& name) const { return (path / name).string(); }
+};
 
 }  // namespace specdec::testing

@@ -2,6 +2,7 @@
 // exact ignore list) and a flat DeepSeek-V3 / Kimi-K2 one, written to a temp dir and loaded;
 // derived values worked out by hand; every missing field, wrong type and unworkable value.
 #include "specdec/io/hf_config.hpp"
+#include "support/testing.hpp"
 
 #include <doctest/doctest.h>
 
@@ -70,14 +71,6 @@ json flat_k2() {
   return j;
 }
 
-std::filesystem::path temp_dir() {
-  std::random_device rd;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("specdec_hf_config_" + std::to_string(rd()) + std::to_string(rd()));
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 specdec::Status parse(json const& j, DeepseekV3Config* c) {
   return specdec::io::parse_config(j.dump(), "ckpt/config.json", c);
 }
@@ -97,7 +90,8 @@ void expect_error(json base, std::function<void(json&)> const& mutate, StatusCod
 }  // namespace
 
 TEST_CASE("hf_config: Kimi-K2.5 from a checkpoint directory") {
-  auto const dir = temp_dir();
+  specdec::testing::TempDir const scratch;
+  auto const& dir = scratch.path;
   { std::ofstream(dir / "config.json") << kimi_k25().dump(2); }
   DeepseekV3Config c;
   auto const s = specdec::io::load_config(dir, &c);
@@ -186,7 +180,6 @@ TEST_CASE("hf_config: Kimi-K2.5 from a checkpoint directory") {
   auto const bad = specdec::io::load_config(dir, &c);
   CHECK(bad.code() == StatusCode::kMalformedInput);
   CHECK(bad.message().find("config.json: not valid JSON") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("hf_config: is_int4_module applies the ignore list in both scopes") {

@@ -3,6 +3,7 @@
 // writer's layout (sorted names, alignment, no gaps), single-file and sharded checkpoints, and
 // bf16 / fp16 conversions (hand-picked values, ties to even, exhaustive round trips).
 #include "specdec/io/safetensors.hpp"
+#include "support/testing.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,21 +27,7 @@ using specdec::io::SafetensorsHeader;
 using specdec::io::TensorToWrite;
 using specdec::io::TensorView;
 
-// A fresh directory under the system temp dir, removed on destruction.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "specdec_safetensors_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(std::string const& name) const { return (path / name).string(); }
-};
+using specdec::testing::TempDir;
 
 std::vector<std::byte> bytes_of(std::string const& s) {
   std::vector<std::byte> out(s.size());
