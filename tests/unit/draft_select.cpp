@@ -622,10 +622,10 @@ TEST_CASE("draft_select: CUDA split arithmetic (chunks, splits, softmax merge)")
   specdec::ops::draft_softmax_merge(m, s, -INFINITY, 0.0f);
   CHECK(s == doctest::Approx(want).epsilon(1e-6));
   // Keys: larger value first, ties to the smaller index, 0 never produced.
-  using specdec::ops::draft_pack;
-  CHECK(draft_pack(1.0f, 5) > draft_pack(0.5f, 0));
-  CHECK(draft_pack(1.0f, 3) > draft_pack(1.0f, 4));
-  CHECK(draft_pack(-INFINITY, 2147483647) > 0u);
-  CHECK(specdec::ops::draft_key_index(draft_pack(-2.5f, 1234)) == 1234);
-  CHECK(specdec::ops::draft_key_value(draft_pack(-2.5f, 1234)) == -2.5f);
+  using specdec::pack_value_index;
+  CHECK(pack_value_index(1.0f, 5) > pack_value_index(0.5f, 0));
+  CHECK(pack_value_index(1.0f, 3) > pack_value_index(1.0f, 4));
+  CHECK(pack_value_index(-INFINITY, 2147483647) > 0u);
+  CHECK(specdec::unpack_index(pack_value_index(-2.5f, 1234)) == 1234);
+  CHECK(specdec::unpack_value(pack_value_index(-2.5f, 1234)) == -2.5f);
 }

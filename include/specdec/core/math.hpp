@@ -37,4 +37,18 @@ SPECDEC_HD inline float float_from_order_key(uint32_t key) {
   return x;
 }
 
+// A value and its index as one 64-bit key whose unsigned order is "larger value first, then smaller
+// index first": max-reducing keys gives the argmax with ties to the smallest index, and sorting
+// keys descending gives a deterministic top-k. 0 sorts below every packed key ("none").
+SPECDEC_HD inline uint64_t pack_value_index(float value, int32_t index) {
+  return (static_cast<uint64_t>(float_order_key(value)) << 32) |
+         static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(index));
+}
+SPECDEC_HD inline int32_t unpack_index(uint64_t key) {
+  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
+}
+SPECDEC_HD inline float unpack_value(uint64_t key) {
+  return float_from_order_key(static_cast<uint32_t>(key >> 32));
+}
+
 }  // namespace specdec

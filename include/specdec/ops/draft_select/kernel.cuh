@@ -100,8 +100,8 @@ __device__ __forceinline__ void consume(float x, int32_t id, float& m, float& s,
     s += expf(x - m);
   }
   if (!(x < kth)) {
-    topk_insert(keys, draft_pack(x, id));
-    kth = keys[K - 1] == 0 ? -INFINITY : draft_key_value(keys[K - 1]);
+    topk_insert(keys, pack_value_index(x, id));
+    kth = keys[K - 1] == 0 ? -INFINITY : unpack_value(keys[K - 1]);
   }
 }
 
@@ -158,14 +158,14 @@ __device__ __forceinline__ void expand_merge_request(DraftExpandParams const& p,
       int32_t const parent = p.frontier_slots[row];
 #pragma unroll
       for (int j = 0; j < K; ++j) {
-        int32_t const d = draft_key_index(keys[j]);
+        int32_t const d = unpack_index(keys[j]);
         int const slot = base + i * K + j;
         int64_t const at = static_cast<int64_t>(b) * C + slot;
-        float const score = draft_child_score(frontier_score, draft_key_value(keys[j]), lse);
+        float const score = draft_child_score(frontier_score, unpack_value(keys[j]), lse);
         p.cand_tokens[at] = draft_target_token(p.d2t, d);
         p.cand_scores[at] = score;
         p.cand_parent[at] = parent;
-        s_child_key[i * K + j] = draft_pack(score, slot);
+        s_child_key[i * K + j] = pack_value_index(score, slot);
         s_child_draft[i * K + j] = d;
       }
     }
@@ -179,8 +179,8 @@ __device__ __forceinline__ void expand_merge_request(DraftExpandParams const& p,
     if (rank < K) {
       int64_t const at = static_cast<int64_t>(b) * K + rank;
       int32_t const d = s_child_draft[tid];
-      p.next_scores[at] = draft_key_value(key);
-      p.next_slots[at] = draft_key_index(key);
+      p.next_scores[at] = unpack_value(key);
+      p.next_slots[at] = unpack_index(key);
       p.next_tokens[at] = draft_target_token(p.d2t, d);
       p.next_draft_tokens[at] = d;
       p.next_branch[at] = tid / K;
@@ -304,7 +304,7 @@ static __global__ void __launch_bounds__(kFinalizeThreads)
   int const b = blockIdx.x, tid = threadIdx.x;
   int64_t const c0 = static_cast<int64_t>(b) * C, n0 = static_cast<int64_t>(b) * N;
 
-  for (int c = tid; c < C; c += blockDim.x) s_key[c] = draft_pack(p.cand_scores[c0 + c], c);
+  for (int c = tid; c < C; c += blockDim.x) s_key[c] = pack_value_index(p.cand_scores[c0 + c], c);
   __syncthreads();
   // Chosen: fewer than N-1 better candidates (keys are unique, so exactly N-1 are chosen).
   for (int c = tid; c < C; c += blockDim.x) {

@@ -62,18 +62,8 @@ SPECDEC_HD inline int draft_step_base(int topk, int step) {
 }
 SPECDEC_HD inline int draft_branches(int topk, int step) { return step == 0 ? 1 : topk; }
 
-// Ordering key: larger key = larger value, ties to the smaller index (draft id or slot); a key of
-// 0 is never produced by a real (value, index) pair and marks an empty entry.
-SPECDEC_HD inline uint64_t draft_pack(float value, int32_t index) {
-  return (static_cast<uint64_t>(float_order_key(value)) << 32) |
-         static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(index));
-}
-SPECDEC_HD inline int32_t draft_key_index(uint64_t key) {
-  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
-}
-SPECDEC_HD inline float draft_key_value(uint64_t key) {
-  return float_from_order_key(static_cast<uint32_t>(key >> 32));
-}
+// Candidates and children are ranked by pack_value_index(score, draft id or slot) (core/math.hpp):
+// larger score first, ties to the smaller index; a key of 0 marks an empty entry.
 
 // log(sum_j exp(x_j)) from the row max and sum_j exp(x_j - max).
 SPECDEC_HD inline float draft_log_sum_exp(float max, float sum) { return max + logf(sum); }

@@ -32,17 +32,17 @@ inline Status draft_expand_reference(DraftExpandParams const& p) {
       double sum = 0.0;
       for (int d = 0; d < Vd; ++d) sum += x[d] == -INFINITY ? 0.0 : std::exp(double(x[d]) - max);
       float const lse = draft_log_sum_exp(max, static_cast<float>(sum));
-      for (int d = 0; d < Vd; ++d) keys[d] = draft_pack(x[d], d);
+      for (int d = 0; d < Vd; ++d) keys[d] = pack_value_index(x[d], d);
       std::partial_sort(keys.begin(), keys.begin() + K, keys.end(), std::greater<uint64_t>());
       for (int j = 0; j < K; ++j) {
-        int32_t const d = draft_key_index(keys[j]);
+        int32_t const d = unpack_index(keys[j]);
         int const slot = base + i * K + j;
         int64_t const at = static_cast<int64_t>(b) * C + slot;
         float const score = draft_child_score(p.frontier_scores[row], x[d], lse);
         p.cand_tokens[at] = draft_target_token(p.d2t, d);
         p.cand_scores[at] = score;
         p.cand_parent[at] = p.frontier_slots[row];
-        child_keys[i * K + j] = draft_pack(score, slot);
+        child_keys[i * K + j] = pack_value_index(score, slot);
         child_draft[i * K + j] = d;
       }
     }
@@ -50,10 +50,10 @@ inline Status draft_expand_reference(DraftExpandParams const& p) {
     std::vector<uint64_t> order = child_keys;
     std::sort(order.begin(), order.end(), std::greater<uint64_t>());
     for (int r = 0; r < K; ++r) {
-      int const slot = draft_key_index(order[r]);
+      int const slot = unpack_index(order[r]);
       int const c = slot - base;  // child index i * K + j
       int64_t const at = static_cast<int64_t>(b) * K + r;
-      p.next_scores[at] = draft_key_value(order[r]);
+      p.next_scores[at] = unpack_value(order[r]);
       p.next_slots[at] = slot;
       p.next_tokens[at] = draft_target_token(p.d2t, child_draft[c]);
       p.next_draft_tokens[at] = child_draft[c];
@@ -70,10 +70,10 @@ inline Status draft_finalize_reference(DraftFinalizeParams const& p) {
   std::vector<int32_t> node_of(static_cast<size_t>(C));
   for (int b = 0; b < p.batch; ++b) {
     int64_t const c0 = static_cast<int64_t>(b) * C, n0 = static_cast<int64_t>(b) * N;
-    for (int c = 0; c < C; ++c) keys[c] = draft_pack(p.cand_scores[c0 + c], c);
+    for (int c = 0; c < C; ++c) keys[c] = pack_value_index(p.cand_scores[c0 + c], c);
     std::partial_sort(keys.begin(), keys.begin() + (N - 1), keys.end(), std::greater<uint64_t>());
     std::vector<int32_t> chosen;
-    for (int r = 0; r < N - 1; ++r) chosen.push_back(draft_key_index(keys[r]));
+    for (int r = 0; r < N - 1; ++r) chosen.push_back(unpack_index(keys[r]));
     std::sort(chosen.begin(), chosen.end());
     std::fill(node_of.begin(), node_of.end(), -1);
     for (int k = 0; k < N - 1; ++k) node_of[chosen[k]] = k + 1;

@@ -170,12 +170,12 @@ __device__ inline int32_t block_target_dist(float const* row, int vocab, float t
   if (sample_is_greedy(temperature)) {
     uint64_t best = 0;
     for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
-      uint64_t const k = sample_argmax_pack(l, v);
+      uint64_t const k = pack_value_index(l, v);
       best = k > best ? k : best;
     });
     best = block_max_u64(best, sh);
-    if (!isfinite(sample_argmax_value(best))) return kSampleBadLogits;
-    dist.greedy_token = sample_argmax_index(best);
+    if (!isfinite(unpack_value(best))) return kSampleBadLogits;
+    dist.greedy_token = unpack_index(best);
     return kSampleOk;
   }
   float const inv_t = 1.0f / temperature;

@@ -116,18 +116,7 @@ SPECDEC_HD inline float sample_exp(float x) {
 #endif
 }
 
-// Argmax as a max over 64-bit keys: high word the value's order key, low word the complement of
-// the index, so the largest key is the largest value with the smallest index.
-SPECDEC_HD inline uint64_t sample_argmax_pack(float value, int32_t index) {
-  return (static_cast<uint64_t>(float_order_key(value)) << 32) |
-         static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(index));
-}
-SPECDEC_HD inline int32_t sample_argmax_index(uint64_t key) {
-  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
-}
-SPECDEC_HD inline float sample_argmax_value(uint64_t key) {
-  return float_from_order_key(static_cast<uint32_t>(key >> 32));
-}
+// Greedy rows: the max over pack_value_index(z, token) (core/math.hpp), ties to the smaller id.
 
 // The target distribution of one row, reduced to what a weight lookup needs.
 //   greedy_token >= 0: one-hot at greedy_token (weight 1).

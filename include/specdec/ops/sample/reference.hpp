@@ -22,9 +22,9 @@ inline int32_t target_dist_reference(float const* row, int vocab, float temperat
   if (config_error != kSampleOk) return config_error;
   if (sample_is_greedy(temperature)) {
     uint64_t best = 0;
-    for (int v = 0; v < vocab; ++v) best = std::max(best, sample_argmax_pack(row[v], v));
-    if (!std::isfinite(sample_argmax_value(best))) return kSampleBadLogits;
-    dist.greedy_token = sample_argmax_index(best);
+    for (int v = 0; v < vocab; ++v) best = std::max(best, pack_value_index(row[v], v));
+    if (!std::isfinite(unpack_value(best))) return kSampleBadLogits;
+    dist.greedy_token = unpack_index(best);
     return kSampleOk;
   }
   dist.inv_t = 1.0f / temperature;

@@ -51,8 +51,8 @@ __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
 }
 
 __device__ __forceinline__ void consume4(uint64_t& best, float4 const x, int32_t index) {
-  uint64_t k0 = argmax_pack(x.x, index), k1 = argmax_pack(x.y, index + 1);
-  uint64_t k2 = argmax_pack(x.z, index + 2), k3 = argmax_pack(x.w, index + 3);
+  uint64_t k0 = pack_value_index(x.x, index), k1 = pack_value_index(x.y, index + 1);
+  uint64_t k2 = pack_value_index(x.z, index + 2), k3 = pack_value_index(x.w, index + 3);
   k0 = k1 > k0 ? k1 : k0;
   k2 = k3 > k2 ? k3 : k2;
   k0 = k2 > k0 ? k2 : k0;
@@ -95,11 +95,11 @@ static __global__ void __launch_bounds__(kArgmaxThreads)
   for (; v < v_end; v += kArgmaxThreads) consume4(best, __ldcs(xv + v), head + 4 * v);
   if (rank == 0) {
     if (tid < head) {
-      uint64_t const k = argmax_pack(x[tid], tid);
+      uint64_t const k = pack_value_index(x[tid], tid);
       best = k > best ? k : best;
     }
     if (tail_start + tid < vocab) {
-      uint64_t const k = argmax_pack(x[tail_start + tid], tail_start + tid);
+      uint64_t const k = pack_value_index(x[tail_start + tid], tail_start + tid);
       best = k > best ? k : best;
     }
   }
@@ -128,7 +128,7 @@ static __global__ void __launch_bounds__(kArgmaxThreads)
     __trap();  // the launcher only splits rows on devices with clusters (sm_90+)
 #endif
   }
-  if (rank == 0 && tid == 0) p.argmax_scratch[row] = argmax_unpack(best);
+  if (rank == 0 && tid == 0) p.argmax_scratch[row] = unpack_index(best);
 }
 
 // grid.x = B, blockDim.x = min(1024, N rounded up to a warp).

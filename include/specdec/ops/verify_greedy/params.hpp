@@ -37,15 +37,7 @@ struct VerifyGreedyParams {
   Acceptance out;                     // accepted_path [B, P], num_accepted [B], next_token [B]
 };
 
-// Argmax as a max over packed 64-bit keys: high word the value's total-order key, low word the
-// complement of the index, so the largest key is the largest value with the smallest index.
-SPECDEC_HD inline uint64_t argmax_pack(float value, int32_t index) {
-  return (static_cast<uint64_t>(float_order_key(value)) << 32) |
-         static_cast<uint64_t>(0xffffffffu - static_cast<uint32_t>(index));
-}
-SPECDEC_HD inline int32_t argmax_unpack(uint64_t key) {
-  return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
-}
+// Row argmax: the max over pack_value_index(logit, token) (core/math.hpp), ties to the smaller id.
 
 // Accepted-node order as one 32-bit key: deeper first, then smaller index. 0 means "none".
 SPECDEC_HD inline uint32_t accept_key(int depth, int node) {

@@ -24,10 +24,10 @@ inline Status verify_greedy_reference(VerifyGreedyParams const& p) {
       float const* row = p.logits + (static_cast<int64_t>(b) * nodes + i) * vocab;
       uint64_t best = 0;
       for (int v = 0; v < vocab; ++v) {
-        uint64_t const key = argmax_pack(row[v], v);
+        uint64_t const key = pack_value_index(row[v], v);
         if (key > best) best = key;
       }
-      argmax[i] = argmax_unpack(best);
+      argmax[i] = unpack_index(best);
     }
     int32_t* path = p.out.accepted_path + static_cast<int64_t>(b) * cap;
     for (int k = 0; k < cap; ++k) path[k] = k == 0 ? 0 : -1;
