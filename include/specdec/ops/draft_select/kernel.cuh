@@ -20,6 +20,7 @@
 #include <string>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/warp.cuh"
 #include "specdec/core/macros.hpp"
 #include "specdec/ops/draft_select/params.hpp"
 
@@ -33,15 +34,6 @@ constexpr int kExpandUnroll = 4;
 constexpr int kExpandWarps = kExpandThreads / 32;
 // draft_finalize: candidates are ranked by 256 threads (C <= 2048: at most 8 per thread).
 constexpr int kFinalizeThreads = 256;
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    uint64_t const other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
-}
 
 // Inserts `key` into the descending list keys[0..K) (compile-time indices only: no local memory).
 template <int K>

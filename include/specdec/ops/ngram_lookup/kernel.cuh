@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/warp.cuh"
 #include "specdec/ops/ngram_lookup/params.hpp"
 
 namespace specdec::ops {
@@ -21,15 +22,6 @@ namespace ngram_lookup_detail {
 
 // 256 threads: len 8192 gives 32 candidate ends per thread per round.
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    uint64_t const other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
-}
 
 // Common suffix length of row[.. e] and row[.. len-1], at most min(max_n, e + 1).
 __device__ __forceinline__ int suffix_match_length(int32_t const* row, int len, int e, int max_n) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/warp.cuh"
 #include "specdec/core/math.hpp"
 #include "specdec/ops/sample/params.hpp"
 
@@ -51,11 +52,6 @@ __device__ inline float hist_mass(unsigned long long bin) {
   return __ull2float_rn(bin) * (1.0f / kSampleHistScale);
 }
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Block-wide reductions; every thread gets the same value (same summation order everywhere).
 __device__ inline float block_sum(float v, SampleShared& sh) {
   v = warp_sum(v);
@@ -68,10 +64,7 @@ __device__ inline float block_sum(float v, SampleShared& sh) {
 }
 
 __device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
-  for (int o = 16; o > 0; o >>= 1) {
-    uint64_t const other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = other > v ? other : v;
-  }
+  v = warp_max_u64(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.scratch64[threadIdx.x >> 5] = v;
   __syncthreads();

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/warp.cuh"
 #include "specdec/ops/verify_greedy/params.hpp"
 
 namespace specdec::ops {
@@ -33,15 +34,6 @@ constexpr int kTargetBlocks = 264;
 // ...but keep at least this many float4 vectors per block so the split pays for its combine.
 constexpr int kMinVectorsPerBlock = 1024;
 constexpr int kAcceptMaxThreads = kVerifyGreedyMaxNodes;
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    uint64_t const other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
-}
 
 __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
 #pragma unroll
