@@ -1,0 +1,437 @@
+// Random Kimi / DeepSeek-V3 checkpoints for tests and benchmarks: a real Hugging Face layout
+// (config.json + model.safetensors, or N shards "model-0000k-of-0000N.safetensors" with
+// model.safetensors.index.json {"metadata": {"total_size"}, "weight_map"}), tensors exactly as
+// weights.hpp's schema names them, values deterministic from the seed.
+//
+//   kimi_preset_config(preset, num_layers, &json)  config.json of a preset:
+//     "tiny"       flat DeepseekV3 (model_type deepseek_v3, tensors "model."): 4 layers (layer 0
+//                  dense, 1..3 MoE), hidden 128, 4 MLA heads (q_lora 64, kv_lora 32, qk 16+8,
+//                  v 16), 8 routed experts top-2 + 1 shared (width 32), n_group 2 / topk_group 1
+//                  (group-limited routing), vocab 512, yarn factor 4. Writes in well under 1 s.
+//     "kimi-k2.5"  Kimi-K2.5's nested form (model_type kimi_k25, text_config, tensors
+//                  "language_model.model.") with kimi.md's real dimensions (61 layers, ~1T
+//                  parameters: pass num_layers to keep it writable).
+//     num_layers (optional) overrides num_hidden_layers (>= 1); layer 0 stays dense.
+//   kimi_int4_quantization_config()                Kimi-K2.5's quantization_config (kimi.md).
+//   write_random_checkpoint(dir, config, seed, int4, shards)
+//     `config` must not carry a quantization_config: int4 = true adds Kimi's (in text_config for
+//     the nested form), which makes every routed expert INT4 (io::quantize_int4_group of the same
+//     float matrix the bf16 checkpoint would hold), everything else bf16. `dir` is created and
+//     must be empty (nothing is overwritten). shards in [1, number of tensors].
+//
+// Values (per tensor an std::mt19937_64 seeded from (seed, tensor name), so a tensor does not
+// depend on sharding or on the other tensors; normals by Box-Muller): embedding N(0, 1); norms
+// 1 + N(0, 0.1^2); matrices [out, in] N(0, 1/in); e_score_correction_bias N(0, 0.01^2) in F32.
+// One tensor is generated at a time and streamed to its file.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/dtype.hpp"
+#include "specdec/core/status.hpp"
+#include "specdec/io/compressed_tensors.hpp"
+#include "specdec/io/hf_config.hpp"
+#include "specdec/io/progress.hpp"
+#include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/weights.hpp"
+
+namespace specdec::model::kimi {
+
+inline constexpr char const* kKimiPresets = "tiny, kimi-k2.5";
+
+// quantization_config of Kimi-K2.5 (kimi.md): INT4 group 32, only mlp.experts.* quantized.
+inline nlohmann::json kimi_int4_quantization_config() {
+  return nlohmann::json::parse(R"({
+    "config_groups": {"group_0": {
+      "input_activations": null, "output_activations": null, "targets": ["Linear"],
+      "weights": {"actorder": null, "dynamic": false, "group_size": 32, "num_bits": 4,
+                  "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+                  "symmetric": true, "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+               "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": null, "quant_method": "compressed-tensors",
+    "quantization_status": "compressed"})");
+}
+
+inline Status kimi_preset_config(std::string_view preset, std::optional<int> num_layers,
+                                 nlohmann::json* out) {
+  using nlohmann::json;
+  if (out == nullptr) return Status::InvalidArgument("kimi_preset_config: out is null");
+  if (num_layers && *num_layers < 1) {
+    return Status::InvalidArgument("num_layers " + std::to_string(*num_layers) +
+                                   " for preset \"" + std::string(preset) + "\": must be >= 1");
+  }
+  try {
+    if (preset == "tiny") {
+      json j = json::parse(R"({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 32, "intermediate_size": 96,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 2, "topk_group": 1,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+        "routed_scaling_factor": 2.5, "vocab_size": 512, "rms_norm_eps": 1e-06,
+        "rope_theta": 50000.0,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 64},
+        "max_position_embeddings": 256,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+        "hidden_act": "silu", "attention_bias": false, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16"})");
+      if (num_layers) j["num_hidden_layers"] = *num_layers;
+      *out = std::move(j);
+      return Status::Ok();
+    }
+    if (preset == "kimi-k2.5") {
+      json j = json::parse(R"({
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
+        "tie_word_embeddings": false,
+        "text_config": {
+          "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+          "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
+          "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+          "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
+          "moe_intermediate_size": 2048, "intermediate_size": 18432,
+          "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+          "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+          "routed_scaling_factor": 2.827, "vocab_size": 163840, "rms_norm_eps": 1e-05,
+          "rope_theta": 50000.0,
+          "rope_scaling": {"type": "yarn", "factor": 64.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                           "mscale": 1.0, "mscale_all_dim": 1.0,
+                           "original_max_position_embeddings": 4096},
+          "max_position_embeddings": 262144,
+          "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
+          "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16"}})");
+      if (num_layers) j["text_config"]["num_hidden_layers"] = *num_layers;
+      *out = std::move(j);
+      return Status::Ok();
+    }
+  } catch (std::exception const& e) {
+    return Status::Internal("kimi_preset_config: " + std::string(e.what()));
+  }
+  return Status::InvalidArgument("unknown preset \"" + std::string(preset) +
+                                 "\" (presets: " + kKimiPresets + ")");
+}
+
+namespace detail {
+
+// One tensor to write: a plain tensor, or part `part` (0 packed / weight, 1 scale, 2 shape) of a
+// Linear module.
+struct WriteEntry {
+  TensorSpec spec;
+  bool is_linear = false;
+  LinearSpec linear;
+  int part = 0;
+};
+
+struct WriteListSink {
+  std::vector<WriteEntry>* out;
+  Status tensor(TensorSpec const& s, TensorView*) {
+    out->push_back(WriteEntry{s, false, {}, 0});
+    return Status::Ok();
+  }
+  Status linear(LinearSpec const& s, LinearWeights*) {
+    std::vector<TensorSpec> t = s.tensors();
+    for (size_t i = 0; i < t.size(); ++i) {
+      out->push_back(WriteEntry{std::move(t[i]), true, s, static_cast<int>(i)});
+    }
+    return Status::Ok();
+  }
+};
+
+// splitmix64 over (seed, FNV-1a of key): the per-tensor stream's seed.
+inline uint64_t tensor_seed(uint64_t seed, std::string_view key) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// n values mean + stddev * N(0, 1) (Box-Muller on std::mt19937_64, whose output the standard
+// fixes, so files are identical across standard libraries).
+inline std::vector<float> random_normals(uint64_t seed, std::string_view key, int64_t n,
+                                         double mean, double stddev) {
+  std::mt19937_64 rng(tensor_seed(seed, key));
+  std::vector<float> v(static_cast<size_t>(n));
+  constexpr double kTwoPi = 6.283185307179586;
+  for (int64_t i = 0; i < n; i += 2) {
+    double const u1 = (static_cast<double>(rng() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double const u2 = static_cast<double>(rng() >> 11) * 0x1.0p-53;          // [0, 1)
+    double const r = std::sqrt(-2.0 * std::log(u1));
+    v[static_cast<size_t>(i)] = static_cast<float>(mean + stddev * r * std::cos(kTwoPi * u2));
+    if (i + 1 < n) {
+      v[static_cast<size_t>(i + 1)] =
+          static_cast<float>(mean + stddev * r * std::sin(kTwoPi * u2));
+    }
+  }
+  return v;
+}
+
+// The float matrix of a Linear (same for its bf16 and INT4 forms).
+inline std::vector<float> random_linear(uint64_t seed, LinearSpec const& l) {
+  return random_normals(seed, l.module + ".weight", l.out * l.in, 0.0,
+                        1.0 / std::sqrt(static_cast<double>(l.in)));
+}
+
+template <class T>
+void append_bytes(std::vector<T> const& v, std::vector<std::byte>* out) {
+  out->resize(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out->data(), v.data(), out->size());
+}
+
+inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std::byte>* out) {
+  if (e.is_linear && e.linear.int4) {
+    LinearSpec const& l = e.linear;
+    if (e.part == 2) {
+      append_bytes(std::vector<int32_t>{static_cast<int32_t>(l.out), static_cast<int32_t>(l.in)},
+                   out);
+      return Status::Ok();
+    }
+    std::vector<float> const W = random_linear(seed, l);
+    std::vector<int32_t> packed(static_cast<size_t>(l.out * (l.in / io::kInt4PerWord)));
+    std::vector<uint16_t> scale(static_cast<size_t>(l.out * (l.in / l.group_size)));
+    SPECDEC_RETURN_IF_ERROR(
+        io::quantize_int4_group(W.data(), l.out, l.in, l.group_size, packed.data(), scale.data()));
+    if (e.part == 0) {
+      append_bytes(packed, out);
+    } else {
+      append_bytes(scale, out);
+    }
+    return Status::Ok();
+  }
+  std::vector<float> v;
+  if (e.is_linear) {
+    v = random_linear(seed, e.linear);
+  } else {
+    int64_t const n = e.spec.bytes() / dtype_size(e.spec.dtype);
+    switch (e.spec.init) {
+      case TensorInit::kEmbedding: v = random_normals(seed, e.spec.name, n, 0.0, 1.0); break;
+      case TensorInit::kNorm: v = random_normals(seed, e.spec.name, n, 1.0, 0.1); break;
+      case TensorInit::kBias: v = random_normals(seed, e.spec.name, n, 0.0, 0.01); break;
+      case TensorInit::kMatrix:
+        v = random_normals(seed, e.spec.name, n, 0.0,
+                           1.0 / std::sqrt(static_cast<double>(e.spec.shape.back())));
+        break;
+    }
+  }
+  if (e.spec.dtype == Dtype::kF32) {
+    append_bytes(v, out);
+    return Status::Ok();
+  }
+  if (e.spec.dtype != Dtype::kBF16) {
+    return Status::Internal("random checkpoint: tensor \"" + e.spec.name + "\" has dtype " +
+                            dtype_name(e.spec.dtype) + ", expected BF16 or F32");
+  }
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+  append_bytes(b, out);
+  return Status::Ok();
+}
+
+// Writes one shard: plans the header over placeholder spans, then generates and writes one tensor
+// at a time (through path.tmp and a rename).
+inline Status write_random_shard(std::string const& path, uint64_t seed,
+                                 std::vector<WriteEntry const*> const& entries,
+                                 std::map<std::string, std::string> const& metadata,
+                                 io::ProgressFn const& progress, uint64_t* done, uint64_t total) {
+  size_t max_bytes = 1;
+  for (WriteEntry const* e : entries) max_bytes = std::max(max_bytes, size_t(e->spec.bytes()));
+  // Never read or written: planning only needs spans of the right sizes.
+  std::unique_ptr<std::byte[]> placeholder(new std::byte[max_bytes]);
+  std::vector<io::TensorToWrite> plan;
+  plan.reserve(entries.size());
+  for (WriteEntry const* e : entries) {
+    plan.push_back(io::TensorToWrite{e->spec.name, e->spec.dtype, e->spec.shape,
+                                     {placeholder.get(), size_t(e->spec.bytes())}});
+  }
+  std::string prefix;
+  std::vector<size_t> order;
+  SPECDEC_RETURN_IF_ERROR(io::plan_safetensors(plan, metadata, path, &prefix, &order));
+  std::string const tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    return Status::InvalidArgument("cannot create " + tmp + ": " + std::strerror(errno));
+  }
+  bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
+  int write_errno = ok ? 0 : errno;
+  std::vector<std::byte> bytes;
+  for (size_t i : order) {
+    if (!ok) break;
+    Status s = generate_entry(seed, *entries[i], &bytes);
+    if (!s.ok()) {
+      std::fclose(f);
+      std::remove(tmp.c_str());
+      return s;
+    }
+    if (bytes.size() != plan[i].bytes.size()) {
+      std::fclose(f);
+      std::remove(tmp.c_str());
+      return Status::Internal(path + ": tensor \"" + plan[i].name + "\": generated " +
+                              std::to_string(bytes.size()) + " bytes, planned " +
+                              std::to_string(plan[i].bytes.size()));
+    }
+    ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    if (!ok) write_errno = errno;
+    *done += bytes.size();
+    if (progress) progress(*done, total, plan[i].name);
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return Status::InvalidArgument("cannot write " + tmp + ": " + std::strerror(write_errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int const e = errno;
+    std::remove(tmp.c_str());
+    return Status::InvalidArgument("cannot rename " + tmp + " to " + path + ": " +
+                                   std::strerror(e));
+  }
+  return Status::Ok();
+}
+
+inline Status write_text_file(std::string const& path, std::string const& text) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return Status::InvalidArgument("cannot create " + path);
+  f << text;
+  f.close();
+  if (!f) return Status::InvalidArgument("cannot write " + path);
+  return Status::Ok();
+}
+
+inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::json config,
+                                           uint64_t seed, bool int4, int shards,
+                                           io::ProgressFn const& progress) {
+  namespace fs = std::filesystem;
+  std::string const config_path = (fs::path(dir) / "config.json").string();
+  if (!config.is_object()) {
+    return Status::InvalidArgument(config_path + ": config must be a JSON object, got " +
+                                   std::string(config.type_name()));
+  }
+  bool const nested = config.contains("text_config") && config["text_config"].is_object() &&
+                      config.value("model_type", std::string()) == "kimi_k25";
+  nlohmann::json& text = nested ? config["text_config"] : config;
+  for (nlohmann::json const* j : {&config, &text}) {
+    if (j->contains("quantization_config")) {
+      return Status::InvalidArgument(
+          config_path + ": the given config already has a quantization_config; pass it without "
+                        "one (int4 = true adds Kimi-K2.5's)");
+    }
+  }
+  if (int4) text["quantization_config"] = kimi_int4_quantization_config();
+  io::DeepseekV3Config parsed;
+  std::string const config_text = config.dump(2) + "\n";
+  SPECDEC_RETURN_IF_ERROR(io::parse_config(config_text, config_path, &parsed));
+
+  std::vector<WriteEntry> entries;
+  KimiWeights scratch;
+  WriteListSink sink{&entries};
+  SPECDEC_RETURN_IF_ERROR(walk_kimi_schema(parsed, &scratch, sink));
+  int64_t const T = static_cast<int64_t>(entries.size());
+  if (shards < 1 || shards > T) {
+    return Status::InvalidArgument("shards = " + std::to_string(shards) + " for " + dir +
+                                   ": must be in [1, " + std::to_string(T) +
+                                   "] (the checkpoint has " + std::to_string(T) + " tensors)");
+  }
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::InvalidArgument("cannot create directory " + dir + ": " + ec.message());
+  if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + ": not a directory");
+  if (!fs::is_empty(dir, ec) || ec) {
+    return Status::InvalidArgument(dir + ": directory is not empty; random checkpoints are "
+                                         "written only into an empty (or new) directory");
+  }
+
+  // Tensors to shards in schema order, by bytes, every shard non-empty.
+  uint64_t total = 0;
+  for (WriteEntry const& e : entries) total += static_cast<uint64_t>(e.spec.bytes());
+  std::vector<std::vector<WriteEntry const*>> by_shard(static_cast<size_t>(shards));
+  uint64_t cum = 0;
+  int64_t prev = 0;
+  for (int64_t j = 0; j < T; ++j) {
+    int64_t k = total == 0 ? 0 : static_cast<int64_t>((static_cast<double>(cum) * shards) / total);
+    int64_t const lo = std::max<int64_t>(j == 0 ? 0 : prev, shards - (T - j));
+    int64_t const hi = j == 0 ? 0 : std::min<int64_t>(prev + 1, shards - 1);
+    k = std::min(std::max(k, lo), hi);
+    by_shard[static_cast<size_t>(k)].push_back(&entries[static_cast<size_t>(j)]);
+    prev = k;
+    cum += static_cast<uint64_t>(entries[static_cast<size_t>(j)].spec.bytes());
+  }
+
+  std::map<std::string, std::string> const metadata{{"format", "pt"}};
+  uint64_t done = 0;
+  if (shards == 1) {
+    SPECDEC_RETURN_IF_ERROR(write_random_shard((fs::path(dir) / io::kSafetensorsSingleFile).string(),
+                                               seed, by_shard[0], metadata, progress, &done,
+                                               total));
+  } else {
+    nlohmann::json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = nlohmann::json::object();
+    for (int k = 0; k < shards; ++k) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, shards);
+      SPECDEC_RETURN_IF_ERROR(write_random_shard((fs::path(dir) / name).string(), seed,
+                                                 by_shard[static_cast<size_t>(k)], metadata,
+                                                 progress, &done, total));
+      for (WriteEntry const* e : by_shard[static_cast<size_t>(k)]) {
+        index["weight_map"][e->spec.name] = name;
+      }
+    }
+    SPECDEC_RETURN_IF_ERROR(write_text_file(
+        (fs::path(dir) / io::kSafetensorsIndexFile).string(), index.dump(2) + "\n"));
+  }
+  return write_text_file(config_path, config_text);
+}
+
+}  // namespace detail
+
+// Writes a random checkpoint of `config` (a config.json object: see the top of this file) to
+// `dir`. Errors name the directory / file and the problem; nothing is overwritten.
+inline Status write_random_checkpoint(std::string const& dir, nlohmann::json const& config,
+                                      uint64_t seed, bool int4, int shards,
+                                      io::ProgressFn progress = {}) {
+  try {
+    return detail::write_random_checkpoint_impl(dir, config, seed, int4, shards, progress);
+  } catch (std::exception const& e) {
+    return Status::Internal(dir + ": writing a random checkpoint: " + e.what());
+  }
+}
+
+// The same for a preset (kimi_preset_config).
+inline Status write_random_preset(std::string const& dir, std::string_view preset, uint64_t seed,
+                                  bool int4, int shards, std::optional<int> num_layers = {},
+                                  io::ProgressFn progress = {}) {
+  nlohmann::json config;
+  SPECDEC_RETURN_IF_ERROR(kimi_preset_config(preset, num_layers, &config));
+  return write_random_checkpoint(dir, config, seed, int4, shards, std::move(progress));
+}
+
+}  // namespace specdec::model::kimi
