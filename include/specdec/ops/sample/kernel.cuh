@@ -224,6 +224,24 @@ __device__ inline bool is_excluded(int v, int32_t const* excluded, int n_exclude
   return false;
 }
 
+// The token of largest positive weight outside `excluded` (ties to the smaller id), -1 if none.
+// The fallback when float rounding leaves an excluded-token inverse CDF without a crossing: the
+// answer stays inside the residual's support.
+template <class Weight>
+__device__ int32_t block_argmax_weight(float const* row, int vocab, Weight&& weight,
+                                       int32_t const* excluded, int n_excluded, SampleShared& sh) {
+  uint64_t best = 0;
+  for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
+    float const w = weight(v, l);
+    if (w > 0.0f && !is_excluded(v, excluded, n_excluded)) {
+      uint64_t const key = pack_value_index(w, v);
+      best = key > best ? key : best;
+    }
+  });
+  best = block_max_u64(best, sh);
+  return best == 0 ? -1 : unpack_index(best);
+}
+
 // Sum of weight over [lo, hi) computed by one warp, minus the excluded tokens inside the range.
 template <class Weight>
 __device__ float warp_range_sum(float const* row, int lo, int hi, Weight& weight,

@@ -76,6 +76,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           next_token = dist.greedy_token;  // what the one-hot inverse CDF returns for any u
         } else {
           next_token = sample_detail::block_sample(row, V, w, rejected, n_rejected, u_final, sh);
+          if (next_token < 0) {  // rounding only: stay inside the residual's support
+            next_token = sample_detail::block_argmax_weight(row, V, w, rejected, n_rejected, sh);
+          }
           if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u_final, sh);
         }
       }
