@@ -15,6 +15,7 @@
 #include "specdec/io/mapped_file.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/draft_select/draft_select.hpp"

@@ -373,10 +373,10 @@ TEST_CASE("kimi_weights: tiny INT4 (one file and 3 shards): experts dequantise t
       REQUIRE(specdec::io::dequantize_int4_group(packed.data(), scale.data(), lin->out, lin->in,
                                                  32, deq.data())
                   .ok());
-      std::string const module(lin->weight_packed.name.substr(
+      std::string const module_name(lin->weight_packed.name.substr(
           0, lin->weight_packed.name.size() - std::string(".weight_packed").size()));
       auto const W = kimi::detail::random_linear(
-          7, kimi::LinearSpec{module, lin->out, lin->in, false, 0});
+          7, kimi::LinearSpec{module_name, lin->out, lin->in, false, 0});
       int nonzero = 0;
       for (int64_t n = 0; n < lin->out; ++n) {
         for (int64_t k = 0; k < lin->in; ++k) {

@@ -196,7 +196,7 @@ inline std::vector<float> random_normals(uint64_t seed, std::string_view key, in
 
 // The float matrix of a Linear (same for its bf16 and INT4 forms).
 inline std::vector<float> random_linear(uint64_t seed, LinearSpec const& l) {
-  return random_normals(seed, l.module + ".weight", l.out * l.in, 0.0,
+  return random_normals(seed, l.module_name + ".weight", l.out * l.in, 0.0,
                         1.0 / std::sqrt(static_cast<double>(l.in)));
 }
 

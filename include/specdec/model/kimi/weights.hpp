@@ -84,7 +84,7 @@ struct TensorSpec {
 
 // A Linear module y = x W^T with W [out, in]: bf16 `<module>.weight` or INT4.
 struct LinearSpec {
-  std::string module;  // e.g. "model.layers.3.mlp.experts.17.down_proj"
+  std::string module_name;  // e.g. "model.layers.3.mlp.experts.17.down_proj"
   int64_t out = 0;
   int64_t in = 0;
   bool int4 = false;
@@ -92,11 +92,11 @@ struct LinearSpec {
 
   // The tensors stored for it: [weight], or [weight_packed, weight_scale, weight_shape].
   std::vector<TensorSpec> tensors() const {
-    if (!int4) return {{module + ".weight", Dtype::kBF16, {out, in}, TensorInit::kMatrix}};
-    return {{module + ".weight_packed", Dtype::kI32, {out, in / io::kInt4PerWord},
+    if (!int4) return {{module_name + ".weight", Dtype::kBF16, {out, in}, TensorInit::kMatrix}};
+    return {{module_name + ".weight_packed", Dtype::kI32, {out, in / io::kInt4PerWord},
              TensorInit::kMatrix},
-            {module + ".weight_scale", Dtype::kBF16, {out, in / group_size}, TensorInit::kMatrix},
-            {module + ".weight_shape", Dtype::kI32, {2}, TensorInit::kMatrix}};
+            {module_name + ".weight_scale", Dtype::kBF16, {out, in / group_size}, TensorInit::kMatrix},
+            {module_name + ".weight_shape", Dtype::kI32, {2}, TensorInit::kMatrix}};
   }
 };
 
@@ -181,22 +181,22 @@ Status walk_kimi_schema(DeepseekV3Config const& c, KimiWeights* w, Sink& sink) {
     return sink.tensor(TensorSpec{std::move(name), dt, {n}, init}, slot);
   };
   // A Linear that must stay bf16 (only routed experts have an INT4 path).
-  auto dense = [&](std::string module, int64_t out, int64_t in, LinearWeights* slot) -> Status {
-    if (io::is_int4_module(c, module)) {
+  auto dense = [&](std::string module_name, int64_t out, int64_t in, LinearWeights* slot) -> Status {
+    if (io::is_int4_module(c, module_name)) {
       return Status::Unsupported(src + ": " + c.quantization_path + " quantizes module \"" +
-                                 module +
+                                 module_name +
                                  "\" (no ignore entry matches it): only routed experts "
                                  "(mlp.experts.*) can be INT4");
     }
     slot->out = out;
     slot->in = in;
     slot->int4 = false;
-    return sink.linear(LinearSpec{std::move(module), out, in, false, 0}, slot);
+    return sink.linear(LinearSpec{std::move(module_name), out, in, false, 0}, slot);
   };
-  auto expert = [&](std::string module, int64_t out, int64_t in, LinearWeights* slot) -> Status {
-    bool const q = io::is_int4_module(c, module);
+  auto expert = [&](std::string module_name, int64_t out, int64_t in, LinearWeights* slot) -> Status {
+    bool const q = io::is_int4_module(c, module_name);
     if (q && (in % io::kInt4PerWord != 0 || in % group != 0)) {
-      return Status::InvalidArgument(src + ": INT4 module \"" + module + "\" has in = " +
+      return Status::InvalidArgument(src + ": INT4 module \"" + module_name + "\" has in = " +
                                      std::to_string(in) + ", not a multiple of 8 and of " +
                                      c.quantization_path + " group_size " + std::to_string(group));
     }
@@ -204,12 +204,12 @@ Status walk_kimi_schema(DeepseekV3Config const& c, KimiWeights* w, Sink& sink) {
     slot->in = in;
     slot->int4 = q;
     slot->group_size = q ? group : 0;
-    return sink.linear(LinearSpec{std::move(module), out, in, q, q ? group : 0}, slot);
+    return sink.linear(LinearSpec{std::move(module_name), out, in, q, q ? group : 0}, slot);
   };
   auto mlp = [&](std::string const& p, int64_t inter, MlpWeights* m, bool routed) -> Status {
-    auto lin = [&](std::string module, int64_t out, int64_t in, LinearWeights* slot) {
-      return routed ? expert(std::move(module), out, in, slot)
-                    : dense(std::move(module), out, in, slot);
+    auto lin = [&](std::string module_name, int64_t out, int64_t in, LinearWeights* slot) {
+      return routed ? expert(std::move(module_name), out, in, slot)
+                    : dense(std::move(module_name), out, in, slot);
     };
     SPECDEC_RETURN_IF_ERROR(lin(p + "gate_proj", inter, H, &m->gate_proj));
     SPECDEC_RETURN_IF_ERROR(lin(p + "up_proj", inter, H, &m->up_proj));

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers parity fixture for the Kimi / DeepseekV3 CPU reference forward.
+
+Runs on the H200 machine (python3 with torch + transformers + safetensors; no network needed):
+
+    python3 scripts/hf_parity.py --specdec-kimi build-h200/examples/specdec-kimi --out DIR
+
+1. `specdec-kimi init-random --preset tiny --out DIR/ckpt --seed 1` writes the tiny bf16
+   DeepseekV3 checkpoint (flat config, model_type deepseek_v3; DIR/ckpt must not exist or be empty).
+2. transformers.DeepseekV3ForCausalLM loads it from local files only (HF_HUB_OFFLINE=1,
+   local_files_only=True), twice: torch_dtype float32 and bfloat16, eager attention, TF32 off.
+   Loading must report no missing / unexpected / mismatched tensors, and the parameters must have
+   the requested dtype (an ignored dtype argument would otherwise go unnoticed).
+3. On fixed input ids (24 ids from torch.Generator seeded 1234, drawn from [4, vocab) so that
+   bos / eos / pad of the tiny preset (1, 2, 3) never occur) at positions 0..23 it records the fp32
+   logits of the last 4 positions, and greedy decodes 64 tokens with each dtype. Greedy is a plain
+   loop of full forwards without a KV cache (argmax of the last row, first index on ties, no stop
+   on eos), exactly what kimi_forward_reference computes, so generate()'s settings play no part.
+4. Writes DIR/hf_parity_fixture.json:
+     {"config_name": "tiny", "seed": 1, "model_type", "transformers_version", "torch_version",
+      "device", "input_ids": [24], "start_position": 0,
+      "logits_positions": [20, 21, 22, 23], "logits_last4": [4][vocab] (fp32 run),
+      "greedy_tokens": {"float32": [64], "bfloat16": [64]},
+      "e_score_correction_bias_dtype": {"float32": ..., "bfloat16": ...}}
+
+The fixture is meant to be committed as tests/fixtures/hf_parity_tiny.json and compared by a unit
+test (which comes when the fixture exists): the test regenerates the same checkpoint with
+write_random_preset(dir, "tiny", seed 1, bf16, 1 shard), runs kimi_forward_reference on input_ids,
+compares the 4 logit rows within a tolerance (the reference computes in fp32 with double
+accumulation; the fp32 transformers run differs only by summation order and fp32 rope angles) and
+the fp32 greedy tokens exactly (or up to the first near-tie). The bf16 greedy tokens are recorded
+to show how far bf16 rounding alone moves the output; they are not expected to match.
+
+Checks that fail loudly instead of producing a misleading fixture: rope_interleave must be true
+(the interleaved convention kimi.md describes), and under YaRN max_position_embeddings /
+original_max_position_embeddings must equal rope_scaling.factor (transformers versions differ in
+which one they use; the C++ reference refuses configs where they differ).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# No network: set before transformers / huggingface_hub are imported.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+NUM_INPUT_IDS = 24
+INPUT_SEED = 1234
+FIRST_ORDINARY_ID = 4  # tiny preset: bos 1, eos 2, pad 3
+NUM_LOGIT_ROWS = 4
+NUM_GREEDY = 64
+
+
+def fail(msg):
+    print("hf_parity.py: error: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def write_checkpoint(specdec_kimi, ckpt_dir, seed):
+    if not os.path.isfile(specdec_kimi) or not os.access(specdec_kimi, os.X_OK):
+        fail("--specdec-kimi %s: not an executable file (build it first)" % specdec_kimi)
+    if os.path.exists(ckpt_dir) and os.listdir(ckpt_dir):
+        fail("%s exists and is not empty: pass a fresh --out (the checkpoint writer never "
+             "overwrites)" % ckpt_dir)
+    cmd = [specdec_kimi, "init-random", "--preset", "tiny", "--out", ckpt_dir, "--seed", str(seed)]
+    print("+ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd)
+    if r.returncode != 0:
+        fail("%s exited with %d" % (" ".join(cmd), r.returncode))
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(ckpt_dir, name)):
+            fail("%s did not write %s" % (ckpt_dir, name))
+    return cmd
+
+
+def check_config(cfg, ckpt_dir):
+    if cfg.model_type != "deepseek_v3":
+        fail("%s/config.json: model_type %r, expected 'deepseek_v3' (flat tiny preset)"
+             % (ckpt_dir, cfg.model_type))
+    if not getattr(cfg, "rope_interleave", True):
+        fail("%s: transformers config has rope_interleave false; the reference uses interleaved "
+             "rope pairs" % ckpt_dir)
+    rs = getattr(cfg, "rope_scaling", None) or {}
+    if rs and "original_max_position_embeddings" in rs:
+        ratio = cfg.max_position_embeddings / rs["original_max_position_embeddings"]
+        if abs(ratio - rs["factor"]) > 1e-9 * rs["factor"]:
+            fail("%s: rope_scaling.factor %r != max_position_embeddings / "
+                 "original_max_position_embeddings = %r" % (ckpt_dir, rs["factor"], ratio))
+
+
+def load_model(torch, transformers, ckpt_dir, dtype, device):
+    cfg = transformers.DeepseekV3Config.from_pretrained(ckpt_dir, local_files_only=True)
+    check_config(cfg, ckpt_dir)
+    model, info = transformers.DeepseekV3ForCausalLM.from_pretrained(
+        ckpt_dir, config=cfg, torch_dtype=dtype, local_files_only=True,
+        attn_implementation="eager", output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in
+           ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
+    # Non-persistent buffers such as rotary inv_freq are never in a checkpoint; anything else is.
+    if "missing_keys" in bad:
+        bad["missing_keys"] = [k for k in bad["missing_keys"] if not k.endswith("inv_freq")]
+        if not bad["missing_keys"]:
+            del bad["missing_keys"]
+    if bad:
+        fail("%s loaded as %s with problems: %r" % (ckpt_dir, dtype, bad))
+    p = next(model.parameters())
+    if p.dtype != dtype:
+        fail("%s: parameters are %s, asked for %s" % (ckpt_dir, p.dtype, dtype))
+    model.to(device)
+    model.eval()
+    bias = None
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            bias = str(buf.dtype)
+            break
+    for name, prm in model.named_parameters():
+        if bias is None and name.endswith("e_score_correction_bias"):
+            bias = str(prm.dtype)
+    return model, bias
+
+
+def greedy(torch, model, input_ids, n):
+    ids = input_ids.clone()
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=ids, use_cache=False).logits[0, -1]
+            nxt = int(torch.argmax(logits.float()).item())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]], dtype=ids.dtype, device=ids.device)], 1)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--specdec-kimi", required=True, help="path of the specdec-kimi binary")
+    ap.add_argument("--out", required=True, help="output directory (checkpoint + fixture)")
+    ap.add_argument("--seed", type=int, default=1, help="checkpoint seed (default 1)")
+    args = ap.parse_args()
+
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        fail("needs torch and transformers: %s" % e)
+    if not hasattr(transformers, "DeepseekV3ForCausalLM"):
+        fail("transformers %s has no DeepseekV3ForCausalLM (needs >= 4.51)"
+             % transformers.__version__)
+
+    os.makedirs(args.out, exist_ok=True)
+    ckpt_dir = os.path.join(args.out, "ckpt")
+    cmd = write_checkpoint(args.specdec_kimi, ckpt_dir, args.seed)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # fp32 means fp32: no TF32 matmuls / convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+
+    with open(os.path.join(ckpt_dir, "config.json")) as f:
+        raw = json.load(f)
+    vocab = int(raw["vocab_size"])
+    gen = torch.Generator().manual_seed(INPUT_SEED)
+    input_ids = torch.randint(FIRST_ORDINARY_ID, vocab, (1, NUM_INPUT_IDS), generator=gen)
+    input_list = [int(v) for v in input_ids[0].tolist()]
+    input_ids = input_ids.to(device)
+
+    fixture = {
+        "config_name": "tiny",
+        "seed": args.seed,
+        "checkpoint_command": " ".join(["specdec-kimi"] + cmd[1:5] + ["DIR/ckpt"] + cmd[6:]),
+        "model_type": raw.get("model_type"),
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "device": device,
+        "input_ids": input_list,
+        "start_position": 0,
+        "logits_positions": list(range(NUM_INPUT_IDS - NUM_LOGIT_ROWS, NUM_INPUT_IDS)),
+        "greedy_tokens": {},
+        "e_score_correction_bias_dtype": {},
+    }
+
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        print("loading %s as %s on %s" % (ckpt_dir, name, device), flush=True)
+        model, bias_dtype = load_model(torch, transformers, ckpt_dir, dtype, device)
+        fixture["e_score_correction_bias_dtype"][name] = bias_dtype
+        if name == "float32":
+            with torch.no_grad():
+                logits = model(input_ids=input_ids, use_cache=False).logits[0].float()
+            if logits.shape != (NUM_INPUT_IDS, vocab):
+                fail("logits shape %s, expected (%d, %d)" % (tuple(logits.shape), NUM_INPUT_IDS,
+                                                             vocab))
+            if not torch.isfinite(logits).all():
+                fail("fp32 logits are not all finite")
+            fixture["logits_last4"] = [[float(v) for v in row]
+                                       for row in logits[-NUM_LOGIT_ROWS:].cpu().tolist()]
+        fixture["greedy_tokens"][name] = greedy(torch, model, input_ids, NUM_GREEDY)
+        print("%s greedy: %s" % (name, fixture["greedy_tokens"][name]), flush=True)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    path = os.path.join(args.out, "hf_parity_fixture.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(fixture, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    same = sum(a == b for a, b in zip(fixture["greedy_tokens"]["float32"],
+                                      fixture["greedy_tokens"]["bfloat16"]))
+    print("wrote %s (fp32 vs bf16 greedy agree at %d of %d)" % (path, same, NUM_GREEDY))
+    print("commit it as tests/fixtures/hf_parity_tiny.json")
+
+
+if __name__ == "__main__":
+    main()
