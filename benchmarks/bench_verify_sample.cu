@@ -57,6 +57,9 @@ void BM_verify_sample(benchmark::State& state) {
   p.keys = {seed.data(), step.data(), nullptr};
   p.out = {path.data(), num.data(), next.data(), N};
   p.status = status.data();
+  DeviceBuffer<uint64_t> workspace((ops::verify_sample_workspace_bytes(B, N, V) + 7) / 8);
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.size() * sizeof(uint64_t);
   double const bytes = static_cast<double>(rows) * V * 4.0 * (sampled ? 2 : 1);
   bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
     Status const status = ops::verify_sample(CudaExecutor{stream}, p);

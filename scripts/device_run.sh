@@ -1,37 +1,71 @@
 #!/usr/bin/env bash
-# The whole GPU run on the H200 machine, in one call: configure for sm_90 with ninja, build,
-# run every test (GPU tests included) and the op benchmarks, and write logs plus a short results
-# table under $OUT (default ./device-out). Stages are bounded so the call ends inside its limit.
-#   scripts/device_run.sh [tests|bench|all] [benchmark family regex, e.g. 'copy|verify']
+# The whole GPU run on the H200 machine, in one call: configure for sm_90 with ninja, build (with
+# ptxas's resource report), run every test (GPU tests included), the transformers parity fixture
+# and the op benchmarks. Logs go to a scratch folder; $OUT (default ./device-out) receives only
+# results.md (the short table), summary.txt and logs.tar.gz, since a call brings back few files.
+#   scripts/device_run.sh [all|tests|parity|bench]... [--bench-filter REGEX]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-all}
-filter=${2:-.}
+stages=() filter=.
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bench-filter) filter=$2; shift 2 ;;
+    all) stages+=(tests parity bench); shift ;;
+    tests|parity|bench) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench; --bench-filter REGEX)" >&2; exit 2 ;;
+  esac
+done
+[ ${#stages[@]} -eq 0 ] && stages=(tests parity bench)
+wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 OUT=${OUT:-$PWD/device-out}
+logs=$(mktemp -d)
 mkdir -p "$OUT"
 build=build-h200
-{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv; nproc; } > "$OUT/gpu.txt" 2>&1
+summary="$OUT/summary.txt"
+finish() {
+  tar czf "$OUT/logs.tar.gz" -C "$logs" . 2>/dev/null
+  cat "$summary"
+}
+trap finish EXIT
+{ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv; nproc; } > "$logs/gpu.txt" 2>&1
+cat "$logs/gpu.txt" > "$summary"
+start=$SECONDS
 cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_CUDA_FLAGS="-Xptxas -v" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-if ! timeout 400 cmake --build $build -j "$(nproc)" > "$OUT/build.log" 2>&1; then
-  grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1
+  -DCMAKE_CUDA_FLAGS="-Xptxas -v" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log" >> "$summary"; exit 1; }
+if ! timeout "${SPECDEC_BUILD_SECONDS:-420}" cmake --build $build -j "$(nproc)" > "$logs/build.log" 2>&1; then
+  { echo "BUILD FAILED"; grep -E "error|Error" -A3 "$logs/build.log" | head -60; } >> "$summary"; exit 1
 fi
-grep -E "spill|stack frame" "$OUT/build.log" | grep -v " 0 bytes spill" | sort | uniq -c | head -20 > "$OUT/ptxas_spills.txt"
+echo "build: $((SECONDS - start)) s" >> "$summary"
+{ echo "ptxas spills / stack frames (non-zero):"
+  grep -E "spill|stack frame" "$logs/build.log" | grep -v " 0 bytes spill" | grep -v "0 bytes stack frame" | sort | uniq -c | head -20; } >> "$summary"
 status=0
-if [ "$what" != bench ]; then
-  timeout 300 ctest --test-dir $build --output-on-failure -j 4 > "$OUT/ctest.log" 2>&1 || status=1
-  tail -25 "$OUT/ctest.log"
+if wants tests; then
+  timeout 300 ctest --test-dir $build --output-on-failure -j 4 > "$logs/ctest.log" 2>&1 || status=1
+  { echo "--- ctest"; grep -E "Test +#|tests passed|Failed|\*\*\*" "$logs/ctest.log" | grep -v " Passed " | tail -30;
+    grep -E "tests passed" "$logs/ctest.log"; } >> "$summary"
 fi
-if [ "$what" != tests ]; then
+if wants parity; then
+  rm -rf "$logs/parity"
+  if timeout 240 python3 scripts/hf_parity.py --specdec-kimi $build/examples/specdec-kimi \
+       --out "$logs/parity" > "$logs/parity.log" 2>&1; then
+    cp "$logs/parity/hf_parity_fixture.json" "$OUT/hf_parity_fixture.json"
+    echo "--- parity: fixture written" >> "$summary"
+  else
+    { echo "--- parity FAILED"; tail -20 "$logs/parity.log"; } >> "$summary"; status=1
+  fi
+fi
+if wants bench; then
   # One family at a time, each bounded, so a slow family cannot cost the others their numbers.
   families=$($build/benchmarks/specdec_bench_ops --benchmark_list_tests | sed 's|/.*||' | sort -u |
              grep -E "$filter")
   for family in $families; do
-    timeout "${SPECDEC_BENCH_SECONDS:-50}" $build/benchmarks/specdec_bench_ops \
-      --benchmark_filter="^$family/" --benchmark_out="$OUT/$family.json" \
-      --benchmark_out_format=json > "$OUT/$family.txt" 2>&1 || { echo "$family: exit $?"; status=1; }
+    timeout "${SPECDEC_BENCH_SECONDS:-60}" $build/benchmarks/specdec_bench_ops \
+      --benchmark_filter="^$family/" \
+      --benchmark_out="$logs/$family.json" --benchmark_out_format=json > "$logs/$family.txt" 2>&1 ||
+      { echo "$family: exit $?" >> "$summary"; status=1; }
   done
-  python3 scripts/bench_table.py "$OUT"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
-  cat "$OUT/results.md"
+  python3 scripts/bench_table.py "$logs"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
+  echo "--- bench: results.md written" >> "$summary"
 fi
+echo "exit status $status, $((SECONDS - start)) s" >> "$summary"
 exit $status

@@ -235,6 +235,9 @@ int run(Exec exec, Options const& o, char const* where) {
   size_t const workspace_bytes = specdec::ops::draft_expand_workspace_bytes(B, V, K);
   // draft_expand's CUDA workspace starts zeroed (each launch leaves it zeroed).
   typename Mem::template Buffer<uint64_t> workspace((workspace_bytes + 7) / 8);
+  // verify_sample's CUDA workspace (chunk partials of every target logit row).
+  typename Mem::template Buffer<uint64_t> sample_workspace(
+      (specdec::ops::verify_sample_workspace_bytes(B, N, V) + 7) / 8);
   fail(workspace.upload(std::vector<uint64_t>(workspace.size(), 0)), "upload");
 
   // Every request starts from its own prompt token; the root of the first tree.
@@ -344,6 +347,8 @@ int run(Exec exec, Options const& o, char const* where) {
       vs.keys = specdec::RandomKeys{seeds.data(), step_counter.data(), nullptr};
       vs.out = acc;
       vs.status = sample_status.data();
+      vs.workspace = sample_workspace.data();
+      vs.workspace_bytes = sample_workspace.size() * sizeof(uint64_t);
       fail(specdec::ops::verify_sample(exec, vs), "verify_sample");
     }
 

@@ -37,8 +37,16 @@ struct StepInputs {
 StepInputs make_inputs(uint64_t seed) {
   testing::Rng rng(seed);
   StepInputs in;
-  in.draft_logits = testing::random_logits(rng, static_cast<int64_t>(kS) * kB * kK, kV);
-  in.target_logits = testing::random_logits(rng, static_cast<int64_t>(kB) * kN, kV, 2.0f);
+  // Draft and target share a preference over the vocabulary (as a trained draft shares its
+  // target's), each row adding its own noise: drafts are accepted often, but not always.
+  std::vector<float> const shared = testing::random_logits(rng, 1, kV, 3.0f);
+  auto near_shared = [&](int64_t rows, float noise) {
+    std::vector<float> out = testing::random_logits(rng, rows, kV, noise);
+    for (size_t i = 0; i < out.size(); ++i) out[i] += shared[i % kV];
+    return out;
+  };
+  in.draft_logits = near_shared(static_cast<int64_t>(kS) * kB * kK, 1.0f);
+  in.target_logits = near_shared(static_cast<int64_t>(kB) * kN, 1.0f);
   std::uniform_int_distribution<int> token(0, kV - 1), prefix(0, kMaxSeq - kN);
   std::uniform_int_distribution<int> bits(0, 65535);
   for (int b = 0; b < kB; ++b) {
@@ -76,6 +84,7 @@ struct StepBuffers {
   Buf<int32_t> path{kB * kP}, num_accepted{kB}, next_token{kB}, sample_status{kB},
       commit_status{kB}, seq_len{kB};
   Buf<uint64_t> workspace{(ops::draft_expand_workspace_bytes(kB, kV, kK) + 7) / 8 + 1};
+  Buf<uint64_t> sample_workspace{(ops::verify_sample_workspace_bytes(kB, kN, kV) + 7) / 8};
 };
 
 template <class T>
@@ -145,6 +154,8 @@ Status enqueue_step(Exec exec, Buffers& m, Status (*reset)(Exec, Buffers&)) {
   v.keys = RandomKeys{m.seeds.data(), m.steps.data(), nullptr};
   v.out = acc;
   v.status = m.sample_status.data();
+  v.workspace = m.sample_workspace.data();
+  v.workspace_bytes = m.sample_workspace.size() * sizeof(uint64_t);
   SPECDEC_RETURN_IF_ERROR(ops::verify_sample(exec, v));
 
   ops::KvCommitParams k;

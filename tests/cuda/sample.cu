@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -14,6 +15,15 @@ using namespace specdec;
 using namespace specdec::ops;
 
 namespace {
+
+// The CUDA path's workspace for B rows of V logits, attached to `p`.
+DeviceBuffer<uint64_t> attach_workspace(SampleParams& p) {
+  size_t const bytes = sample_workspace_bytes(p.batch, p.vocab);
+  DeviceBuffer<uint64_t> workspace((bytes + 7) / 8);
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.size() * sizeof(uint64_t);
+  return workspace;
+}
 
 struct Host {
   std::vector<float> logits, temperature, top_p;
@@ -90,6 +100,7 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
         REQUIRE(status.fill_bytes(0xff).ok());
         SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
                         {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+        auto const workspace = attach_workspace(dp);
         REQUIRE(sample(CudaExecutor{}, dp).ok());
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         auto gt = tokens.download();
@@ -129,6 +140,10 @@ TEST_CASE("sample: invalid per-request values on the GPU") {
   DeviceBuffer<uint32_t> step(h.step);
   SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
                   {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+  SampleParams no_workspace = dp;
+  Status const refused = sample(CudaExecutor{}, no_workspace);
+  CHECK(refused.to_string().find("sample_workspace_bytes(batch, vocab)") != std::string::npos);
+  auto const workspace = attach_workspace(dp);
   REQUIRE(sample(CudaExecutor{}, dp).ok());
   auto gt = tokens.download();
   auto gs = status.download();
@@ -154,6 +169,7 @@ TEST_CASE("sample: GPU token histogram matches p (chi-square)") {
   DeviceBuffer<int32_t> tokens(B), status(B);
   SampleParams dp{d_logits.data(), B, V, {temperature.data(), nullptr, nullptr},
                   {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+  auto const workspace = attach_workspace(dp);
   REQUIRE(sample(CudaExecutor{}, dp).ok());
   auto gt = tokens.download();
   std::vector<double> counts(V, 0);
@@ -179,7 +195,7 @@ TEST_CASE("sample: GPU output is bitwise reproducible run to run (top-k and top-
   for (int b = 0; b < B; ++b) {
     h.temperature.push_back(0.8f);
     h.top_k.push_back(b % 2 ? 4000 : 0);
-    h.top_p.push_back(0.9f);
+    h.top_p.push_back(b % 3 ? 0.9f : 1.0f);  // b % 6 == 0: temperature alone (chunked path)
     h.seed.push_back(rng());
     h.step.push_back(static_cast<uint32_t>(b));
   }
@@ -189,6 +205,7 @@ TEST_CASE("sample: GPU output is bitwise reproducible run to run (top-k and top-
   DeviceBuffer<uint32_t> step(h.step);
   SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
                   {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+  auto const workspace = attach_workspace(dp);
   std::vector<int32_t> first;
   for (int run = 0; run < 8; ++run) {
     REQUIRE(tokens.fill_bytes(0xff).ok());

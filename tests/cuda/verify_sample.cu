@@ -58,6 +58,7 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
   int64_t compared = 0, skipped = 0;
   testing::Rng rng(77);
   for (Case cs : cases) {
+    int accepted_in_case = 0;  // over all variants: at T > 0 a wide vocabulary rarely accepts
     for (int variant = 0; variant < 4; ++variant) {  // T by variant; top_p 0.9 / top_k 50 mixed
       int const B = cs.batch, N = cs.nodes, V = cs.vocab;
       size_t const rows = static_cast<size_t>(B) * N;
@@ -161,16 +162,18 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
       dp.keys = {d_seed.data(), d_step.data(), nullptr};
       dp.out = {d_path.data(), d_num.data(), d_next.data(), P};
       dp.status = d_status.data();
+      DeviceBuffer<uint64_t> workspace((verify_sample_workspace_bytes(B, N, V) + 7) / 8);
+      dp.workspace = workspace.data();
+      dp.workspace_bytes = workspace.size() * sizeof(uint64_t);
       REQUIRE(verify_sample(CudaExecutor{}, dp).ok());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
       auto gpath = d_path.download();
       auto gnum = d_num.download();
       auto gnext = d_next.download();
       auto gstatus = d_status.download();
-      int accepted_total = 0;
       for (int b = 0; b < B; ++b) {
         ++compared;
-        accepted_total += num[b];
+        accepted_in_case += num[b];
         CHECK(gstatus[b] == status[b]);
         bool same = gnum[b] == num[b] && gnext[b] == next[b];
         for (int i = 0; i < P; ++i) same = same && gpath[b * P + i] == path[b * P + i];
@@ -190,8 +193,9 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
                                     << ", cpu num " << num[b] << " next " << next[b]);
         ++skipped;
       }
-      if (N > 1) CHECK(accepted_total > 0);  // the sweep exercises acceptance
     }
+    if (cs.nodes > 1) CHECK_MESSAGE(accepted_in_case > 0, "no draft accepted, batch " << cs.batch
+                                                          << " nodes " << cs.nodes);
   }
   MESSAGE("compared " << compared << ", near-boundary mismatches " << skipped);
   CHECK(skipped * 100 <= compared);

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/macros.hpp"
 #include "specdec/core/warp.cuh"
 #include "specdec/ops/ngram_lookup/params.hpp"
 
@@ -22,6 +23,7 @@ namespace ngram_lookup_detail {
 
 // 256 threads: len 8192 gives 32 candidate ends per thread per round.
 constexpr int kThreads = 256;
+constexpr int kBatch = 8;
 
 // Common suffix length of row[.. e] and row[.. len-1], at most min(max_n, e + 1).
 __device__ __forceinline__ int suffix_match_length(int32_t const* row, int len, int e, int max_n) {
@@ -54,20 +56,33 @@ static __global__ void __launch_bounds__(kThreads)
     trie_count = trie.count;
   }
   __syncthreads();
+  int32_t const last = __ldg(row + len - 1);
   int const rounds = nodes > 1 && len - 1 >= p.min_n ? min(p.branches, nodes - 1) : 0;
   for (int round = 0; round < rounds; ++round) {
     trie.count = trie_count;
     uint64_t best = 0;
-    for (int e = tid; e <= len - 2; e += kThreads) {
-      int const l = suffix_match_length(row, len, e, p.max_n);
-      if (l < p.min_n) continue;
-      uint64_t const key = (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(e);
-      if (key <= best) continue;
-      if (round > 0) {  // the first round's trie is just the root: every candidate adds a node
-        int const m = ngram_continuation_length(e + 1, len, nodes);
-        if (ngram_trie_match(trie, row + e + 1, m) == m) continue;
+    // kBatch candidate ends at a time: their tokens are loaded together (independent loads in
+    // flight), and only ends whose token equals the last one go on to the suffix compare.
+    for (int e0 = tid; e0 <= len - 2; e0 += kThreads * kBatch) {
+      int32_t x[kBatch];
+      SPECDEC_UNROLL
+      for (int j = 0; j < kBatch; ++j) {
+        int const e = e0 + j * kThreads;
+        x[j] = e <= len - 2 ? __ldg(row + e) : ~last;
       }
-      best = key;
+      for (int j = 0; j < kBatch; ++j) {
+        int const e = e0 + j * kThreads;
+        if (e > len - 2 || x[j] != last) continue;  // l(e) = 0 < min_n (min_n >= 1)
+        int const l = suffix_match_length(row, len, e, p.max_n);
+        if (l < p.min_n) continue;
+        uint64_t const key = (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(e);
+        if (key <= best) continue;
+        if (round > 0) {  // the first round's trie is just the root: every candidate adds a node
+          int const m = ngram_continuation_length(e + 1, len, nodes);
+          if (ngram_trie_match(trie, row + e + 1, m) == m) continue;
+        }
+        best = key;
+      }
     }
     best = warp_max_u64(best);
     if ((tid & 31) == 0) warp_best[tid >> 5] = best;

@@ -1,11 +1,18 @@
-// sample CUDA kernel and the block-level sampling agents verify_sample reuses.
-// Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32
-// (device memory). One block of kSampleThreads per request; the row (<= 640 KB at V = 163840)
-// stays in L2 between the block's passes:
-//   1. row maximum (greedy: packed argmax) of z = l / T
-//   2. top-k: 3 radix-select passes (11/11/10-bit digits) counting keys of z
-//   3. top-p: a mass pass, then 3 radix-select passes summing weights per digit
-//   4. inverse CDF: per-warp segment sums (one pass), then the crossing segment split over the 32
+// sample CUDA kernels and the block-level sampling agents verify_sample reuses.
+// Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32,
+// workspace [B, ceil(V / kSampleChunk)] SampleChunkPartial (device memory).
+// Rows sampled greedily or with temperature alone (the common case) take two launches:
+//   1. sample_chunk_partials_kernel: one block of kChunkThreads per (row, chunk of kSampleChunk
+//      logits) reads its chunk once into registers and leaves the chunk's argmax and its mass
+//      about its own maximum, so the whole GPU streams even one row;
+//   2. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
+//      argmax), picks the chunk holding u * mass and scans that chunk alone.
+// Rows with top-k or top-p keep one block of kSampleThreads on the whole row (the row, <= 640 KB
+// at V = 163840, stays in L2 between the block's passes):
+//   a. row maximum of z = l / T
+//   b. top-k: 3 radix-select passes (11/11/10-bit digits) counting keys of z
+//   c. top-p: a mass pass, then 3 radix-select passes summing weights per digit
+//   d. inverse CDF: per-warp segment sums (one pass), then the crossing segment split over the 32
 //      warps, then one warp scans the crossing sub-segment element by element.
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
@@ -13,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/warp.cuh"
@@ -337,6 +345,278 @@ __device__ int32_t block_sample(float const* row, int vocab, Weight&& weight,
   return sh.pick;
 }
 
+// Every thread passes `mine`; afterwards sh.pick is the first thread whose inclusive prefix (in
+// thread order) exceeds `target`, else the last thread with mine > 0 (else 0), and sh.pick_target
+// is `target` minus the prefix before that thread.
+__device__ inline void block_pick_thread(float mine, float target, SampleShared& sh) {
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    float const t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  __syncthreads();
+  if (lane == 31) sh.part[warp] = incl;
+  __syncthreads();
+  pick_part(target, sh);
+  int const chosen_warp = sh.pick;
+  float const warp_target = sh.pick_target;
+  __syncthreads();  // everyone has read the warp pick before it is overwritten
+  if (warp == chosen_warp) {
+    unsigned const crossed = __ballot_sync(0xffffffffu, incl > warp_target);
+    unsigned const positive = __ballot_sync(0xffffffffu, mine > 0.0f);
+    int const chosen = crossed ? __ffs(crossed) - 1 : (positive ? 31 - __clz(positive) : 0);
+    float const before = __shfl_sync(0xffffffffu, incl - mine, chosen);
+    if (lane == 0) {
+      sh.pick = chosen_warp * 32 + chosen;
+      sh.pick_target = warp_target - before;
+    }
+  }
+  __syncthreads();
+}
+
+// The mass of chunk `c` in units of the row's weights (dist.max_z): its mass about its own
+// maximum, rescaled. A chunk of -inf logits has mass 0.
+__device__ inline float chunk_mass(SampleChunkPartial const& part, TargetDist const& dist) {
+  float const chunk_max_z = unpack_value(part.argmax) * dist.inv_t;
+  return part.mass > 0.0f ? part.mass * sample_exp(chunk_max_z - dist.max_z) : 0.0f;
+}
+
+// The TargetDist and mass S of a row sampled greedily or with temperature alone, from its chunk
+// partials (every thread gets the same values); returns its SampleError.
+__device__ inline int32_t block_dist_from_partials(SampleChunkPartial const* parts, int chunks,
+                                                   float temperature, TargetDist& dist,
+                                                   float& total, SampleShared& sh) {
+  dist = TargetDist{};
+  total = 0.0f;
+  uint64_t best = 0;
+  for (int c = threadIdx.x; c < chunks; c += kSampleThreads) best = max(best, parts[c].argmax);
+  best = block_max_u64(best, sh);
+  float const max_logit = unpack_value(best);
+  if (!isfinite(max_logit)) return kSampleBadLogits;
+  if (sample_is_greedy(temperature)) {
+    dist.greedy_token = unpack_index(best);
+    total = 1.0f;
+    return kSampleOk;
+  }
+  dist.inv_t = 1.0f / temperature;
+  dist.max_z = max_logit * dist.inv_t;
+  if (!isfinite(dist.max_z)) return kSampleBadLogits;
+  float local = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += kSampleThreads) local += chunk_mass(parts[c], dist);
+  total = block_sum(local, sh);
+  return kSampleOk;
+}
+
+// Inverse-CDF draw with uniform u from dist's weights over a row, skipping the `excluded` tokens
+// (distinct): the chunk partials locate the chunk holding u * mass, then one pass over that
+// chunk (4 logits per thread) finds the token. Returns -1 when no weight is left or rounding
+// leaves the chosen chunk without a positive weight (the caller falls back to block_sample).
+// Every thread gets the result.
+__device__ inline int32_t block_sample_chunked(float const* row, int vocab,
+                                               SampleChunkPartial const* parts,
+                                               TargetDist const& dist, int32_t const* excluded,
+                                               int n_excluded, float u, SampleShared& sh) {
+  static_assert(kSampleChunk == 4 * kSampleThreads, "the chunk scan gives each thread 4 logits");
+  auto weight_of = [&](int v) {
+    return is_excluded(v, excluded, n_excluded) ? 0.0f : dist.weight(v, __ldg(row + v));
+  };
+  // Level 1: thread t owns the chunks [t * per, (t + 1) * per), less their excluded tokens.
+  int const chunks = sample_chunks(vocab);
+  int const per = ceil_div(chunks, kSampleThreads);
+  int const c_lo = min(chunks, static_cast<int>(threadIdx.x) * per), c_hi = min(chunks, c_lo + per);
+  auto chunk_weight = [&](int c) {
+    float w = chunk_mass(parts[c], dist);
+    for (int i = 0; i < n_excluded; ++i) {
+      int const x = excluded[i];
+      if (x >= c * kSampleChunk && x < (c + 1) * kSampleChunk && x < vocab) {
+        w -= dist.weight(x, __ldg(row + x));
+      }
+    }
+    return w > 0.0f ? w : 0.0f;
+  };
+  float mine = 0.0f;
+  for (int c = c_lo; c < c_hi; ++c) mine += chunk_weight(c);
+  float const total = block_sum(mine, sh);
+  if (!(total > 0.0f)) return -1;
+  block_pick_thread(mine, u * total, sh);
+  int const chunk_owner = sh.pick;
+  float left = sh.pick_target;
+  __syncthreads();  // everyone has read the pick before it is overwritten
+  if (static_cast<int>(threadIdx.x) == chunk_owner) {
+    int chosen = -1;
+    for (int c = c_lo; c < c_hi; ++c) {
+      float const w = chunk_weight(c);
+      if (!(w > 0.0f)) continue;
+      chosen = c;  // stays the last positive chunk if rounding leaves no crossing
+      if (left < w) break;
+      left -= w;
+    }
+    sh.pick = chosen;
+    sh.pick_target = left;
+  }
+  __syncthreads();
+  int const chunk = sh.pick;
+  left = sh.pick_target;
+  __syncthreads();
+  if (chunk < 0) return -1;
+  // Level 2: the chunk, 4 consecutive logits per thread.
+  int const v0 = chunk * kSampleChunk + 4 * static_cast<int>(threadIdx.x);
+  float w[4];
+  float mine2 = 0.0f;
+  SPECDEC_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    w[j] = v0 + j < vocab ? weight_of(v0 + j) : 0.0f;
+    mine2 += w[j];
+  }
+  block_pick_thread(mine2, left, sh);
+  int const token_owner = sh.pick;
+  left = sh.pick_target;
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) == token_owner) {
+    int found = -1;
+    for (int j = 0; j < 4; ++j) {
+      if (!(w[j] > 0.0f)) continue;
+      found = v0 + j;  // stays the last positive logit if rounding leaves no crossing
+      if (left < w[j]) break;
+      left -= w[j];
+    }
+    sh.pick = found;
+  }
+  __syncthreads();
+  return sh.pick;
+}
+
+}  // namespace sample_detail
+
+// Whether a request's rows take the chunked path (greedy, or temperature alone).
+SPECDEC_HD inline bool sample_row_is_chunked(SamplingConfig const& config, int b, int vocab) {
+  return !sample_uses_top_k(config.top_k_of(b), vocab) && !sample_uses_top_p(config.top_p_of(b));
+}
+
+// Threads per chunk block: 16 logits each, held in registers between the max and the mass.
+constexpr int kChunkThreads = kSampleChunk / 16;
+
+// Block i of rows * chunks: row i / chunks (request row / rows_per_request), chunk i % chunks.
+// Rows of requests that take the one-block path, or with invalid settings, are left unwritten.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    sample_chunk_partials_kernel(float const* logits, int vocab, int rows_per_request,
+                                 SamplingConfig const config, SampleChunkPartial* partials) {
+  static_assert(kThreads * 16 == kSampleChunk, "16 logits per thread");
+  int const chunks = sample_chunks(vocab);
+  int64_t const row = blockIdx.x / chunks;
+  int const chunk = static_cast<int>(blockIdx.x % chunks);
+  int const b = static_cast<int>(row / rows_per_request);
+  float const temperature = config.temperature_of(b);
+  if (!sample_row_is_chunked(config, b, vocab) ||
+      sample_config_error(temperature, config.top_p_of(b)) != kSampleOk) {
+    return;
+  }
+  int const lo = chunk * kSampleChunk, n = min(kSampleChunk, vocab - lo);
+  float const* x = logits + row * vocab + lo;
+  float vals[16];
+  int idx[16];
+  if (n == kSampleChunk && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    SPECDEC_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      int const j = static_cast<int>(threadIdx.x) + i * kThreads;
+      float4 const q = __ldg(reinterpret_cast<float4 const*>(x) + j);
+      vals[4 * i] = q.x, vals[4 * i + 1] = q.y, vals[4 * i + 2] = q.z, vals[4 * i + 3] = q.w;
+      SPECDEC_UNROLL
+      for (int k = 0; k < 4; ++k) idx[4 * i + k] = 4 * j + k;
+    }
+  } else {
+    SPECDEC_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      idx[i] = static_cast<int>(threadIdx.x) + i * kThreads;
+      vals[i] = idx[i] < n ? __ldg(x + idx[i]) : -INFINITY;
+    }
+  }
+  __shared__ uint64_t best_of_warp[kThreads / 32];
+  __shared__ float mass_of_warp[kThreads / 32];
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint64_t best = 0;
+  SPECDEC_UNROLL
+  for (int i = 0; i < 16; ++i) {
+    if (idx[i] < n) best = max(best, pack_value_index(vals[i], lo + idx[i]));
+  }
+  best = warp_max_u64(best);
+  if (lane == 0) best_of_warp[warp] = best;
+  __syncthreads();
+  best = 0;
+  for (int w = 0; w < kThreads / 32; ++w) best = max(best, best_of_warp[w]);
+  float mass = 0.0f;
+  if (!sample_is_greedy(temperature)) {
+    float const inv_t = 1.0f / temperature;
+    float const max_z = unpack_value(best) * inv_t;
+    if (max_z > -INFINITY) {
+      SPECDEC_UNROLL
+      for (int i = 0; i < 16; ++i) mass += idx[i] < n ? sample_exp(vals[i] * inv_t - max_z) : 0.0f;
+    }
+    mass = warp_sum(mass);
+    if (lane == 0) mass_of_warp[warp] = mass;
+    __syncthreads();
+    mass = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) mass += mass_of_warp[w];
+  }
+  if (threadIdx.x == 0) {
+    SampleChunkPartial part;
+    part.argmax = best;
+    part.mass = mass;
+    partials[row * chunks + chunk] = part;
+  }
+}
+
+// Launches sample_chunk_partials_kernel over `rows` rows.
+inline Status launch_sample_chunk_partials(float const* logits, int64_t rows, int vocab,
+                                           int rows_per_request, SamplingConfig const& config,
+                                           void* workspace, cudaStream_t stream) {
+  int64_t const blocks = rows * sample_chunks(vocab);
+  if (blocks > 0x7fffffff) {
+    return Status::InvalidArgument("sample: " + std::to_string(rows) + " rows of vocab " +
+                                   std::to_string(vocab) + " exceed one launch's blocks");
+  }
+  sample_chunk_partials_kernel<kChunkThreads><<<static_cast<unsigned>(blocks), kChunkThreads, 0, stream>>>(
+      logits, vocab, rows_per_request, config, static_cast<SampleChunkPartial*>(workspace));
+  return cuda_launch_status("sample_chunk_partials_kernel");
+}
+
+namespace sample_detail {
+
+// The TargetDist and mass S of row `row` of request b, by the chunked path where it applies,
+// else by the one-block passes over the row. Every thread gets the same values.
+__device__ inline int32_t block_row_dist(float const* row, int vocab, SampleChunkPartial const* parts,
+                                         SamplingConfig const& config, int b, TargetDist& dist,
+                                         float& total, SampleShared& sh) {
+  if (sample_row_is_chunked(config, b, vocab)) {
+    int32_t const error = sample_config_error(config.temperature_of(b), config.top_p_of(b));
+    if (error != kSampleOk) return error;
+    return block_dist_from_partials(parts, sample_chunks(vocab), config.temperature_of(b), dist,
+                                    total, sh);
+  }
+  int32_t const error = block_target_dist(row, vocab, config.temperature_of(b), config.top_k_of(b),
+                                          config.top_p_of(b), dist, sh);
+  total = 0.0f;
+  if (error == kSampleOk) {
+    total = block_weight_sum(row, vocab, [&](int v, float l) { return dist.weight(v, l); }, sh);
+  }
+  return error;
+}
+
+// Inverse-CDF draw from dist's weights with the `excluded` tokens removed: chunked where the row
+// took the chunked path, else block passes; -1 when no weight is left.
+__device__ inline int32_t block_row_sample(float const* row, int vocab, SampleChunkPartial const* parts,
+                                           bool chunked, TargetDist const& dist,
+                                           int32_t const* excluded, int n_excluded, float u,
+                                           SampleShared& sh) {
+  auto w = [&](int v, float l) { return dist.weight(v, l); };
+  int32_t token = -1;
+  if (chunked) token = block_sample_chunked(row, vocab, parts, dist, excluded, n_excluded, u, sh);
+  if (token < 0) token = block_sample(row, vocab, w, excluded, n_excluded, u, sh);
+  return token;
+}
+
 }  // namespace sample_detail
 
 // A template (on the block size, which must be kSampleThreads) so the kernel has inline linkage
@@ -347,19 +627,21 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ S
   __shared__ SampleShared sh;
   int const b = blockIdx.x;
   float const* row = p.logits + static_cast<int64_t>(b) * p.vocab;
+  SampleChunkPartial const* parts =
+      static_cast<SampleChunkPartial const*>(p.workspace) + static_cast<int64_t>(b) * sample_chunks(p.vocab);
+  bool const chunked = sample_row_is_chunked(p.config, b, p.vocab);
   TargetDist dist;
-  int32_t const error = sample_detail::block_target_dist(
-      row, p.vocab, p.config.temperature_of(b), p.config.top_k_of(b), p.config.top_p_of(b), dist,
-      sh);
+  float total = 0.0f;
+  int32_t const error = chunked
+      ? sample_detail::block_row_dist(row, p.vocab, parts, p.config, b, dist, total, sh)
+      : sample_detail::block_target_dist(row, p.vocab, p.config.temperature_of(b),
+                                         p.config.top_k_of(b), p.config.top_p_of(b), dist, sh);
   int32_t token = -1;
   if (error == kSampleOk) {
-    if (dist.greedy_token >= 0) {
-      token = dist.greedy_token;
-    } else {
-      float const u = p.keys.uniform(b, 0, 0);
-      token = sample_detail::block_sample(
-          row, p.vocab, [&](int v, float l) { return dist.weight(v, l); }, nullptr, 0, u, sh);
-    }
+    token = dist.greedy_token >= 0
+                ? dist.greedy_token
+                : sample_detail::block_row_sample(row, p.vocab, parts, chunked, dist, nullptr, 0,
+                                                  p.keys.uniform(b, 0, 0), sh);
   }
   if (threadIdx.x == 0) {
     p.tokens[b] = token;
@@ -368,6 +650,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ S
 }
 
 inline Status sample_cuda(SampleParams const& p, cudaStream_t stream) {
+  SPECDEC_RETURN_IF_ERROR(launch_sample_chunk_partials(p.logits, p.batch, p.vocab, 1, p.config,
+                                                       p.workspace, stream));
   sample_kernel<kSampleThreads><<<p.batch, kSampleThreads, 0, stream>>>(p);
   return cuda_launch_status("sample_kernel");
 }

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -93,7 +94,39 @@ struct SampleParams {
   RandomKeys keys;                // seed [B], step [B], request_id [B] or nullptr
   int32_t* tokens = nullptr;      // [B] int32, written
   int32_t* status = nullptr;      // [B] int32, written (SampleError)
+  void* workspace = nullptr;      // CUDA only: sample_workspace_bytes(B, V) bytes, 8-byte aligned
+  size_t workspace_bytes = 0;     //   (no initial contents needed)
 };
+
+// ---- The CUDA path's workspace: chunk partials of each logit row ----
+// The kernels cut every row into chunks of kSampleChunk logits that separate blocks reduce at
+// once (one multiprocessor streaming a whole 640 KB row would bound batch-1 latency). Each chunk
+// leaves its packed argmax (pack_value_index of the logit) and, for rows sampled without top-k /
+// top-p, its mass sum_v exp(z_v - m_c) about its own maximum m_c = logit max * (1 / T).
+constexpr int kSampleChunk = 4096;
+struct SampleChunkPartial {
+  uint64_t argmax = 0;
+  float mass = 0.0f;
+  float unused = 0.0f;
+};
+SPECDEC_HD inline int sample_chunks(int vocab) { return ceil_div(vocab, kSampleChunk); }
+// Bytes of workspace for `rows` logit rows of `vocab` (sample: rows = B; verify_sample: B * N).
+inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(sample_chunks(vocab)) *
+         sizeof(SampleChunkPartial);
+}
+inline Status validate_sample_workspace(void const* workspace, size_t bytes, int64_t rows,
+                                        int vocab, char const* op, char const* how) {
+  size_t const need = sample_workspace_bytes(rows, vocab);
+  if (!workspace || bytes < need) {
+    return Status::InvalidArgument(std::string(op) + ": workspace of " + std::to_string(bytes) +
+                                   " bytes < " + std::to_string(need) + " needed: allocate " + how);
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % alignof(SampleChunkPartial) != 0) {
+    return Status::InvalidArgument(std::string(op) + ": workspace is not 8-byte aligned");
+  }
+  return Status::Ok();
+}
 
 // ---- Arithmetic shared by the CPU references and the kernels ----
 
@@ -189,6 +222,12 @@ inline Status validate(SampleParams const& p) {
   SPECDEC_RETURN_IF_ERROR(validate_sampling_config(p.config, "sample"));
   SPECDEC_RETURN_IF_ERROR(validate_random_keys(p.keys, "sample"));
   return Status::Ok();
+}
+
+// The CUDA path's extra requirement: a workspace of sample_workspace_bytes(B, V).
+inline Status validate_workspace(SampleParams const& p) {
+  return validate_sample_workspace(p.workspace, p.workspace_bytes, p.batch, p.vocab, "sample",
+                                   "sample_workspace_bytes(batch, vocab)");
 }
 
 }  // namespace specdec::ops

@@ -24,6 +24,7 @@ inline Status sample(CpuExecutor, SampleParams const& p) {
 #if defined(__CUDACC__)
 inline Status sample(CudaExecutor e, SampleParams const& p) {
   SPECDEC_RETURN_IF_ERROR(validate(p));
+  SPECDEC_RETURN_IF_ERROR(validate_workspace(p));
   return sample_cuda(p, e.stream);
 }
 #endif

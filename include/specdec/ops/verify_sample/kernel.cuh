@@ -1,10 +1,14 @@
-// verify_sample CUDA kernel: one block of kSampleThreads per request walks the tree of
-// verify_sample/params.hpp. Per visited node: the target distribution of its logit row (block
-// passes of sample/kernel.cuh), the row's mass, then O(1) acceptance decisions per child (plus,
-// for sampled drafts, one residual-mass pass per rejected child), and at the end one block-wide
-// inverse-CDF draw. Every thread takes the same decisions (block reductions hand every thread the
-// same values). Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs [B, N, V] or
-// nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B] (device memory).
+// verify_sample CUDA kernels. First sample_chunk_partials_kernel (sample/kernel.cuh) reduces
+// every logit row [B, N] in chunks across the whole GPU (rows of requests with top-k / top-p are
+// skipped); then one block of kSampleThreads per request walks the tree of verify_sample/params.hpp.
+// Per visited node: the target distribution of its logit row and the row's mass (from the chunk
+// partials: O(V / kSampleChunk); top-k / top-p rows: block passes over the row), then O(1)
+// acceptance decisions per child (plus, for sampled drafts, one residual-mass pass per rejected
+// child), and at the end one inverse-CDF draw (chunked: one chunk scanned). Every thread takes the
+// same decisions (block reductions hand every thread the same values). Shapes: tokens [B, N],
+// links [B, N], logits [B, N, V], draft_probs [B, N, V] or nullptr, accepted_path [B, P],
+// num_accepted [B], next_token [B], status [B], workspace [B, N, ceil(V / kSampleChunk)]
+// SampleChunkPartial (device memory).
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
@@ -32,19 +36,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t const* first_child = p.links.first_child + static_cast<int64_t>(b) * N;
   int32_t const* next_sibling = p.links.next_sibling + static_cast<int64_t>(b) * N;
   int32_t const count = p.tree.count(b);
+  SampleChunkPartial const* partials = static_cast<SampleChunkPartial const*>(p.workspace);
+  bool const chunked = sample_row_is_chunked(p.config, b, V);
   int32_t status = p.links.tree_status[b] != kTreeOk ? kSampleBadTree : kSampleOk;
   if (count < 1 || count > N) status = kSampleBadTree;
   int len = 1, n = 0;
   int32_t next_token = -1;
   while (status == kSampleOk) {
-    float const* row = p.logits + (static_cast<int64_t>(b) * N + n) * V;
+    int64_t const row_index = static_cast<int64_t>(b) * N + n;
+    float const* row = p.logits + row_index * V;
+    SampleChunkPartial const* parts = partials + row_index * sample_chunks(V);
     TargetDist dist;
-    status = sample_detail::block_target_dist(row, V, p.config.temperature_of(b),
-                                              p.config.top_k_of(b), p.config.top_p_of(b), dist, sh);
+    float total = 0.0f;
+    status = sample_detail::block_row_dist(row, V, parts, p.config, b, dist, total, sh);
     if (status != kSampleOk) break;
     auto w = [&](int v, float l) { return dist.weight(v, l); };
     auto w_at = [&](int32_t x) { return (x >= 0 && x < V) ? dist.weight(x, __ldg(row + x)) : 0.0f; };
-    float const total = dist.greedy_token >= 0 ? 1.0f : sample_detail::block_weight_sum(row, V, w, sh);
     int32_t const child0 = len < P ? first_child[n] : -1;
     int32_t accepted = -1;
     float const u_final = p.keys.uniform(b, static_cast<uint32_t>(n), 1);
@@ -75,7 +82,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (dist.greedy_token >= 0 && !sample_detail::is_excluded(dist.greedy_token, rejected, n_rejected)) {
           next_token = dist.greedy_token;  // what the one-hot inverse CDF returns for any u
         } else {
-          next_token = sample_detail::block_sample(row, V, w, rejected, n_rejected, u_final, sh);
+          next_token = sample_detail::block_row_sample(row, V, parts, chunked, dist, rejected,
+                                                       n_rejected, u_final, sh);
           if (next_token < 0) {  // rounding only: stay inside the residual's support
             next_token = sample_detail::block_argmax_weight(row, V, w, rejected, n_rejected, sh);
           }
@@ -130,6 +138,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t stream) {
+  SPECDEC_RETURN_IF_ERROR(launch_sample_chunk_partials(
+      p.logits, static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab, p.tree.nodes, p.config,
+      p.workspace, stream));
   verify_sample_kernel<kSampleThreads><<<p.tree.batch, kSampleThreads, 0, stream>>>(p);
   return cuda_launch_status("verify_sample_kernel");
 }

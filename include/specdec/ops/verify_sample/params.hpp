@@ -65,7 +65,14 @@ struct VerifySampleParams {
   RandomKeys keys;                     // seed [B], step [B], request_id [B] or nullptr
   Acceptance out;                      // accepted_path [B, P], num_accepted [B], next_token [B]
   int32_t* status = nullptr;           // [B] int32, written (SampleError)
+  void* workspace = nullptr;           // CUDA only: verify_sample_workspace_bytes(B, N, V) bytes,
+  size_t workspace_bytes = 0;          //   8-byte aligned (no initial contents needed)
 };
+
+// Bytes of CUDA workspace: the chunk partials (sample/params.hpp) of every logit row [B, N].
+inline size_t verify_sample_workspace_bytes(int batch, int nodes, int vocab) {
+  return sample_workspace_bytes(static_cast<int64_t>(batch) * nodes, vocab);
+}
 
 // A link to node c, reached from `after` (the parent for its first child, the previous sibling
 // otherwise), is usable iff c lies after it and inside the request's node count: links only move
@@ -102,6 +109,13 @@ inline Status validate(VerifySampleParams const& p) {
   SPECDEC_RETURN_IF_ERROR(validate_sampling_config(p.config, "verify_sample"));
   SPECDEC_RETURN_IF_ERROR(validate_random_keys(p.keys, "verify_sample"));
   return Status::Ok();
+}
+
+// The CUDA path's extra requirement: a workspace of verify_sample_workspace_bytes(B, N, V).
+inline Status validate_workspace(VerifySampleParams const& p) {
+  return validate_sample_workspace(p.workspace, p.workspace_bytes,
+                                   static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab,
+                                   "verify_sample", "verify_sample_workspace_bytes(batch, nodes, vocab)");
 }
 
 }  // namespace specdec::ops

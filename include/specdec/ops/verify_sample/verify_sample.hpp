@@ -25,6 +25,7 @@ inline Status verify_sample(CpuExecutor, VerifySampleParams const& p) {
 #if defined(__CUDACC__)
 inline Status verify_sample(CudaExecutor e, VerifySampleParams const& p) {
   SPECDEC_RETURN_IF_ERROR(validate(p));
+  SPECDEC_RETURN_IF_ERROR(validate_workspace(p));
   return verify_sample_cuda(p, e.stream);
 }
 #endif
