@@ -51,6 +51,11 @@ struct SampleShared {
   float part[kSampleWarps];
   float pick_target;
   int pick;
+  int32_t row_greedy;  // block_row_dist's broadcast of warp 0's TargetDist (min_key 0), mass, error
+  float row_inv_t;
+  float row_max_z;
+  float row_mass;
+  int32_t row_error;
 };
 
 namespace sample_detail {
@@ -383,15 +388,16 @@ __device__ inline float chunk_mass(SampleChunkPartial const& part, TargetDist co
 }
 
 // The TargetDist and mass S of a row sampled greedily or with temperature alone, from its chunk
-// partials (every thread gets the same values); returns its SampleError.
-__device__ inline int32_t block_dist_from_partials(SampleChunkPartial const* parts, int chunks,
-                                                   float temperature, TargetDist& dist,
-                                                   float& total, SampleShared& sh) {
+// partials, computed by one warp (every lane gets the same values); returns its SampleError.
+__device__ inline int32_t warp_dist_from_partials(SampleChunkPartial const* parts, int chunks,
+                                                  float temperature, TargetDist& dist,
+                                                  float& total) {
+  int const lane = threadIdx.x & 31;
   dist = TargetDist{};
   total = 0.0f;
   uint64_t best = 0;
-  for (int c = threadIdx.x; c < chunks; c += kSampleThreads) best = max(best, parts[c].argmax);
-  best = block_max_u64(best, sh);
+  for (int c = lane; c < chunks; c += 32) best = max(best, parts[c].argmax);
+  best = warp_max_u64(best);
   float const max_logit = unpack_value(best);
   if (!isfinite(max_logit)) return kSampleBadLogits;
   if (sample_is_greedy(temperature)) {
@@ -403,8 +409,8 @@ __device__ inline int32_t block_dist_from_partials(SampleChunkPartial const* par
   dist.max_z = max_logit * dist.inv_t;
   if (!isfinite(dist.max_z)) return kSampleBadLogits;
   float local = 0.0f;
-  for (int c = threadIdx.x; c < chunks; c += kSampleThreads) local += chunk_mass(parts[c], dist);
-  total = block_sum(local, sh);
+  for (int c = lane; c < chunks; c += 32) local += chunk_mass(parts[c], dist);
+  total = warp_sum(local);
   return kSampleOk;
 }
 
@@ -421,10 +427,7 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
   auto weight_of = [&](int v) {
     return is_excluded(v, excluded, n_excluded) ? 0.0f : dist.weight(v, __ldg(row + v));
   };
-  // Level 1: thread t owns the chunks [t * per, (t + 1) * per), less their excluded tokens.
-  int const chunks = sample_chunks(vocab);
-  int const per = ceil_div(chunks, kSampleThreads);
-  int const c_lo = min(chunks, static_cast<int>(threadIdx.x) * per), c_hi = min(chunks, c_lo + per);
+  // Level 1, warp 0: lane t owns the chunks [t * per, (t + 1) * per), less their excluded tokens.
   auto chunk_weight = [&](int c) {
     float w = chunk_mass(parts[c], dist);
     for (int i = 0; i < n_excluded; ++i) {
@@ -435,30 +438,42 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
     }
     return w > 0.0f ? w : 0.0f;
   };
-  float mine = 0.0f;
-  for (int c = c_lo; c < c_hi; ++c) mine += chunk_weight(c);
-  float const total = block_sum(mine, sh);
-  if (!(total > 0.0f)) return -1;
-  block_pick_thread(mine, u * total, sh);
-  int const chunk_owner = sh.pick;
-  float left = sh.pick_target;
-  __syncthreads();  // everyone has read the pick before it is overwritten
-  if (static_cast<int>(threadIdx.x) == chunk_owner) {
-    int chosen = -1;
-    for (int c = c_lo; c < c_hi; ++c) {
-      float const w = chunk_weight(c);
-      if (!(w > 0.0f)) continue;
-      chosen = c;  // stays the last positive chunk if rounding leaves no crossing
-      if (left < w) break;
-      left -= w;
+  __syncthreads();  // every thread has read the shared picks of earlier calls
+  if (threadIdx.x < 32) {
+    int const lane = threadIdx.x;
+    int const chunks = sample_chunks(vocab);
+    int const per = ceil_div(chunks, 32);
+    int const c_lo = min(chunks, lane * per), c_hi = min(chunks, c_lo + per);
+    float mine = 0.0f;
+    for (int c = c_lo; c < c_hi; ++c) mine += chunk_weight(c);
+    float incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      float const t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
     }
-    sh.pick = chosen;
-    sh.pick_target = left;
+    float const total = __shfl_sync(0xffffffffu, incl, 31);
+    float const target = u * total;
+    unsigned const crossed = __ballot_sync(0xffffffffu, incl > target);
+    unsigned const positive = __ballot_sync(0xffffffffu, mine > 0.0f);
+    int const owner = !(total > 0.0f) ? -1 : (crossed ? __ffs(crossed) - 1 : 31 - __clz(positive));
+    if (owner < 0 && lane == 0) sh.pick = -1;
+    if (lane == owner) {
+      float left = target - (incl - mine);
+      int chosen = -1;
+      for (int c = c_lo; c < c_hi; ++c) {
+        float const w = chunk_weight(c);
+        if (!(w > 0.0f)) continue;
+        chosen = c;  // stays the last positive chunk if rounding leaves no crossing
+        if (left < w) break;
+        left -= w;
+      }
+      sh.pick = chosen;
+      sh.pick_target = left;
+    }
   }
   __syncthreads();
   int const chunk = sh.pick;
-  left = sh.pick_target;
-  __syncthreads();
+  float left = sh.pick_target;
   if (chunk < 0) return -1;
   // Level 2: the chunk, 4 consecutive logits per thread.
   int const v0 = chunk * kSampleChunk + 4 * static_cast<int>(threadIdx.x);
@@ -584,18 +599,38 @@ inline Status launch_sample_chunk_partials(float const* logits, int64_t rows, in
 
 namespace sample_detail {
 
-// The TargetDist and mass S of row `row` of request b, by the chunked path where it applies,
-// else by the one-block passes over the row. Every thread gets the same values.
+// The TargetDist and mass S of row `row` of request b: from its chunk partials (warp 0) where the
+// request takes the chunked path, else by the one-block passes over the row. Every thread gets
+// the same values.
 __device__ inline int32_t block_row_dist(float const* row, int vocab, SampleChunkPartial const* parts,
                                          SamplingConfig const& config, int b, TargetDist& dist,
                                          float& total, SampleShared& sh) {
+  float const temperature = config.temperature_of(b);
   if (sample_row_is_chunked(config, b, vocab)) {
-    int32_t const error = sample_config_error(config.temperature_of(b), config.top_p_of(b));
+    int32_t const error = sample_config_error(temperature, config.top_p_of(b));
     if (error != kSampleOk) return error;
-    return block_dist_from_partials(parts, sample_chunks(vocab), config.temperature_of(b), dist,
-                                    total, sh);
+    __syncthreads();  // every thread has read the shared row values of earlier calls
+    if (threadIdx.x < 32) {
+      TargetDist d;
+      float mass;
+      int32_t const e = warp_dist_from_partials(parts, sample_chunks(vocab), temperature, d, mass);
+      if (threadIdx.x == 0) {
+        sh.row_greedy = d.greedy_token;
+        sh.row_inv_t = d.inv_t;
+        sh.row_max_z = d.max_z;
+        sh.row_mass = mass;
+        sh.row_error = e;
+      }
+    }
+    __syncthreads();
+    dist = TargetDist{};
+    dist.greedy_token = sh.row_greedy;
+    dist.inv_t = sh.row_inv_t;
+    dist.max_z = sh.row_max_z;
+    total = sh.row_mass;
+    return sh.row_error;
   }
-  int32_t const error = block_target_dist(row, vocab, config.temperature_of(b), config.top_k_of(b),
+  int32_t const error = block_target_dist(row, vocab, temperature, config.top_k_of(b),
                                           config.top_p_of(b), dist, sh);
   total = 0.0f;
   if (error == kSampleOk) {

@@ -1,71 +1,168 @@
 // verify_sample CUDA kernels. First sample_chunk_partials_kernel (sample/kernel.cuh) reduces
 // every logit row [B, N] in chunks across the whole GPU (rows of requests with top-k / top-p are
-// skipped); then one block of kSampleThreads per request walks the tree of verify_sample/params.hpp.
-// Per visited node: the target distribution of its logit row and the row's mass (from the chunk
-// partials: O(V / kSampleChunk); top-k / top-p rows: block passes over the row), then O(1)
-// acceptance decisions per child (plus, for sampled drafts, one residual-mass pass per rejected
-// child), and at the end one inverse-CDF draw (chunked: one chunk scanned). Every thread takes the
-// same decisions (block reductions hand every thread the same values). Shapes: tokens [B, N],
-// links [B, N], logits [B, N, V], draft_probs [B, N, V] or nullptr, accepted_path [B, P],
-// num_accepted [B], next_token [B], status [B], workspace [B, N, ceil(V / kSampleChunk)]
-// SampleChunkPartial (device memory).
+// skipped). Then one block of kSampleThreads per request:
+//   1. stages the request's tree (tokens, first_child, next_sibling) in shared memory;
+//   2. in parallel: one warp per row turns its chunk partials into the row's TargetDist and mass,
+//      and one thread per node loads the logit of each child's token in the node's row;
+//   3. walks the tree of verify_sample/params.hpp from shared memory: O(1) per child (plus, for
+//      sampled drafts, one residual-mass pass per rejected child, and for top-k / top-p requests
+//      block passes over each visited row), then one inverse-CDF draw (chunked: one chunk
+//      scanned).
+// Every thread takes the same decisions (shared values and block reductions hand every thread the
+// same values). Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs [B, N, V] or
+// nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B], workspace
+// [B, N, ceil(V / kSampleChunk)] SampleChunkPartial (device memory).
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "specdec/core/cuda.cuh"
 #include "specdec/ops/sample/kernel.cuh"
 #include "specdec/ops/verify_sample/params.hpp"
 
 namespace specdec::ops {
+namespace verify_sample_detail {
+
+// The request's per-node arrays in dynamic shared memory, N entries each.
+struct NodeArrays {
+  uint64_t* child_logit;  // (parent << 32) | bits of the child's token logit in the parent's row;
+                          // parent 0xffffffff: not loaded (out-of-vocabulary token or bad link)
+  TargetDist* row_dist;   // chunked requests: each row's distribution, its mass and its error
+  float* row_mass;
+  int32_t* row_error;
+  int32_t* token;
+  int32_t* first_child;
+  int32_t* next_sibling;
+  int32_t* rejected;      // rejected sibling tokens of the visited node
+  int32_t* path;          // accepted nodes
+
+  static constexpr size_t kBytesPerNode =
+      sizeof(uint64_t) + sizeof(TargetDist) + sizeof(float) + 6 * sizeof(int32_t);
+
+  __device__ static NodeArrays carve(void* base, int n) {
+    NodeArrays a;
+    auto* p = static_cast<unsigned char*>(base);
+    auto take = [&](auto*& out, size_t bytes) {
+      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(p);
+      p += bytes * static_cast<size_t>(n);
+    };
+    take(a.child_logit, sizeof(uint64_t));
+    take(a.row_dist, sizeof(TargetDist));
+    take(a.row_mass, sizeof(float));
+    take(a.row_error, sizeof(int32_t));
+    take(a.token, sizeof(int32_t));
+    take(a.first_child, sizeof(int32_t));
+    take(a.next_sibling, sizeof(int32_t));
+    take(a.rejected, sizeof(int32_t));
+    take(a.path, sizeof(int32_t));
+    return a;
+  }
+};
+
+constexpr uint64_t kNotLoaded = ~uint64_t{0};
+
+}  // namespace verify_sample_detail
 
 // A template (on the block size, which must be kSampleThreads) for inline linkage across TUs.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads, 1)
     verify_sample_kernel(__grid_constant__ VerifySampleParams const p) {
   static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
+  using verify_sample_detail::kNotLoaded;
   __shared__ SampleShared sh;
-  __shared__ int32_t rejected[kVerifySampleMaxNodes];
-  __shared__ int32_t path_shared[kVerifySampleMaxNodes];
+  extern __shared__ uint64_t node_memory[];
   int const b = blockIdx.x;
-  int const N = p.tree.nodes, V = p.vocab, P = p.out.path_capacity;
-  int32_t const* tokens = p.tree.tokens + static_cast<int64_t>(b) * N;
-  int32_t const* first_child = p.links.first_child + static_cast<int64_t>(b) * N;
-  int32_t const* next_sibling = p.links.next_sibling + static_cast<int64_t>(b) * N;
+  int const N = p.tree.nodes, V = p.vocab, P = p.out.path_capacity, chunks = sample_chunks(V);
+  auto const a = verify_sample_detail::NodeArrays::carve(node_memory, N);
   int32_t const count = p.tree.count(b);
+  float const temperature = p.config.temperature_of(b);
   SampleChunkPartial const* partials = static_cast<SampleChunkPartial const*>(p.workspace);
   bool const chunked = sample_row_is_chunked(p.config, b, V);
   int32_t status = p.links.tree_status[b] != kTreeOk ? kSampleBadTree : kSampleOk;
   if (count < 1 || count > N) status = kSampleBadTree;
+  if (status == kSampleOk) status = sample_config_error(temperature, p.config.top_p_of(b));
+  if (status == kSampleOk) {
+    // 1. The tree into shared memory.
+    int64_t const row0 = static_cast<int64_t>(b) * N;
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      a.token[i] = p.tree.tokens[row0 + i];
+      a.first_child[i] = p.links.first_child[row0 + i];
+      a.next_sibling[i] = p.links.next_sibling[row0 + i];
+      a.child_logit[i] = kNotLoaded;
+    }
+    __syncthreads();
+    // 2. Row distributions (one warp per row) and the children's logits (one thread per node).
+    if (chunked) {
+      for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
+        TargetDist d;
+        float mass;
+        int32_t const e = sample_detail::warp_dist_from_partials(partials + (row0 + n) * chunks,
+                                                                 chunks, temperature, d, mass);
+        if ((threadIdx.x & 31) == 0) {
+          a.row_dist[n] = d;
+          a.row_mass[n] = mass;
+          a.row_error[n] = e;
+        }
+      }
+    }
+    for (int n = threadIdx.x; n < count; n += kThreads) {
+      float const* row = p.logits + (row0 + n) * V;
+      // Links only move forward (verify_sample_link_ok), so the list ends within N steps. A node
+      // on two lists (malformed links) is tagged with one parent; the walk checks the tag.
+      for (int32_t c = a.first_child[n], after = n; c != -1 && verify_sample_link_ok(c, after, count);
+           after = c, c = a.next_sibling[c]) {
+        int32_t const x = a.token[c];
+        if (x >= 0 && x < V) {
+          a.child_logit[c] = (static_cast<uint64_t>(n) << 32) | __float_as_uint(__ldg(row + x));
+        }
+      }
+    }
+    __syncthreads();
+  }
   int len = 1, n = 0;
   int32_t next_token = -1;
+  int32_t* rejected = a.rejected;
   while (status == kSampleOk) {
     int64_t const row_index = static_cast<int64_t>(b) * N + n;
     float const* row = p.logits + row_index * V;
-    SampleChunkPartial const* parts = partials + row_index * sample_chunks(V);
+    SampleChunkPartial const* parts = partials + row_index * chunks;
     TargetDist dist;
     float total = 0.0f;
-    status = sample_detail::block_row_dist(row, V, parts, p.config, b, dist, total, sh);
+    if (chunked) {
+      dist = a.row_dist[n];
+      total = a.row_mass[n];
+      status = a.row_error[n];
+    } else {
+      status = sample_detail::block_row_dist(row, V, parts, p.config, b, dist, total, sh);
+    }
     if (status != kSampleOk) break;
     auto w = [&](int v, float l) { return dist.weight(v, l); };
-    auto w_at = [&](int32_t x) { return (x >= 0 && x < V) ? dist.weight(x, __ldg(row + x)) : 0.0f; };
-    int32_t const child0 = len < P ? first_child[n] : -1;
+    // Weight of child c's token x in this row: the loaded logit when c is tagged with n.
+    auto w_child = [&](int32_t c, int32_t x) {
+      if (x < 0 || x >= V) return 0.0f;
+      uint64_t const e = a.child_logit[c];
+      float const l = (e >> 32) == static_cast<uint64_t>(n) ? __uint_as_float(static_cast<uint32_t>(e))
+                                                             : __ldg(row + x);
+      return dist.weight(x, l);
+    };
+    int32_t const child0 = len < P ? a.first_child[n] : -1;
     int32_t accepted = -1;
     float const u_final = p.keys.uniform(b, static_cast<uint32_t>(n), 1);
     if (p.draft_probs == nullptr) {
       int n_rejected = 0;
       float rejected_mass = 0.0f;
-      for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+      for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
         if (!verify_sample_link_ok(c, after, count)) {
           status = kSampleBadTree;
           break;
         }
-        int32_t const x = tokens[c];
+        int32_t const x = a.token[c];
         if (sample_detail::is_excluded(x, rejected, n_rejected)) continue;
-        float const wx = w_at(x);
+        float const wx = w_child(c, x);
         if (sample_accept_deterministic(p.keys.uniform(b, static_cast<uint32_t>(c), 0),
                                         total - rejected_mass, wx)) {
           accepted = c;
@@ -91,20 +188,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
+      float const* q = p.draft_probs + row_index * V;
       float c_mass = 0.0f, residual_mass = total;
       auto residual = [&](int v, float l) {
         return sample_residual_weight(dist.weight(v, l), __ldg(q + v), c_mass);
       };
-      for (int32_t c = child0, after = n; c != -1; after = c, c = next_sibling[c]) {
+      for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
         if (!verify_sample_link_ok(c, after, count)) {
           status = kSampleBadTree;
           break;
         }
-        int32_t const x = tokens[c];
+        int32_t const x = a.token[c];
         bool const in_vocab = x >= 0 && x < V;
         float const qx = in_vocab ? __ldg(q + x) : 0.0f;
-        float const rx = in_vocab ? sample_residual_weight(w_at(x), qx, c_mass) : 0.0f;
+        float const rx = in_vocab ? sample_residual_weight(w_child(c, x), qx, c_mass) : 0.0f;
         if (sample_accept_sampled(p.keys.uniform(b, static_cast<uint32_t>(c), 0), residual_mass,
                                   qx, rx)) {
           accepted = c;
@@ -120,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (accepted < 0) break;
-    if (threadIdx.x == 0) path_shared[len] = accepted;
+    if (threadIdx.x == 0) a.path[len] = accepted;
     ++len;
     n = accepted;
   }
@@ -128,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* path = p.out.accepted_path + static_cast<int64_t>(b) * P;
   bool const ok = status == kSampleOk;
   for (int i = threadIdx.x; i < P; i += kSampleThreads) {
-    path[i] = i == 0 ? 0 : (ok && i < len ? path_shared[i] : -1);
+    path[i] = i == 0 ? 0 : (ok && i < len ? a.path[i] : -1);
   }
   if (threadIdx.x == 0) {
     p.out.num_accepted[b] = ok ? len - 1 : 0;
@@ -141,7 +238,15 @@ inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t strea
   SPECDEC_RETURN_IF_ERROR(launch_sample_chunk_partials(
       p.logits, static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab, p.tree.nodes, p.config,
       p.workspace, stream));
-  verify_sample_kernel<kSampleThreads><<<p.tree.batch, kSampleThreads, 0, stream>>>(p);
+  size_t const node_bytes = verify_sample_detail::NodeArrays::kBytesPerNode * p.tree.nodes;
+  auto const kernel = verify_sample_kernel<kSampleThreads>;
+  if (node_bytes + sizeof(SampleShared) > 48 * 1024) {
+    // Above the default 48 KB per block: opt in (a function attribute, no stream work).
+    cudaError_t const err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(node_bytes));
+    if (err != cudaSuccess) return cuda_status(err, "verify_sample: cudaFuncSetAttribute");
+  }
+  kernel<<<p.tree.batch, kSampleThreads, node_bytes, stream>>>(p);
   return cuda_launch_status("verify_sample_kernel");
 }
 
