@@ -6,6 +6,7 @@
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
+#include "support/kimi_model.hpp"
 #include "support/testing.hpp"
 
 #include <doctest/doctest.h>
@@ -25,8 +26,9 @@ using nlohmann::json;
 using specdec::Status;
 using specdec::StatusCode;
 using specdec::io::DeepseekV3Config;
-using specdec::io::SafetensorsCheckpoint;
+using specdec::testing::load_tiny_kimi;
 using specdec::testing::TempDir;
+using specdec::testing::TinyKimi;
 
 bool contains(std::string const& s, std::string const& part) {
   return s.find(part) != std::string::npos;
@@ -37,23 +39,6 @@ void check_error(Status const& s, StatusCode code, std::vector<std::string> cons
   for (auto const& p : parts) {
     CHECK_MESSAGE(contains(s.message(), p), "want '", p, "' in: ", s.message());
   }
-}
-
-struct Model {
-  DeepseekV3Config config;
-  SafetensorsCheckpoint ckpt;
-  kimi::KimiWeights weights;
-};
-
-void load_tiny(fs::path const& dir, bool int4, uint64_t seed, Model* m) {
-  Status s = kimi::write_random_preset(dir.string(), "tiny", seed, int4, 1);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = specdec::io::load_config(dir, &m->config);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = SafetensorsCheckpoint::open(dir.string(), &m->ckpt);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = kimi::load_kimi_weights(m->ckpt, m->config, &m->weights);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
 std::vector<int32_t> some_tokens(int n) {
@@ -216,8 +201,8 @@ TEST_CASE("kimi_forward: moe_route_reference, group-limited, by hand") {
 
 TEST_CASE("kimi_forward: tiny preset forward invariants") {
   TempDir tmp;
-  Model m;
-  load_tiny(tmp.path / "bf16", false, 11, &m);
+  TinyKimi m;
+  load_tiny_kimi(tmp.path / "bf16", false, 11, &m);
   int64_t const V = m.config.vocab_size, H = m.config.hidden_size;
   int const L = m.config.num_hidden_layers;
   std::vector<int32_t> const tokens = some_tokens(10);
@@ -363,9 +348,9 @@ TEST_CASE("kimi_forward: INT4 experts vs bf16 experts from the same seed") {
   //     argmax agreeing at >= 5 of 10 positions [5-7] (chance: 1 / 512).
   // A wrong nibble order, offset or scale index gives errors of order 1 and fails all of these.
   TempDir tmp;
-  Model a, b;
-  load_tiny(tmp.path / "bf16", false, 5, &a);
-  load_tiny(tmp.path / "int4", true, 5, &b);
+  TinyKimi a, b;
+  load_tiny_kimi(tmp.path / "bf16", false, 5, &a);
+  load_tiny_kimi(tmp.path / "int4", true, 5, &b);
   REQUIRE(!a.weights.experts_int4);
   REQUIRE(b.weights.experts_int4);
   std::vector<int32_t> const tokens = some_tokens(10);

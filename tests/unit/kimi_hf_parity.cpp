@@ -7,6 +7,7 @@
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
+#include "support/kimi_model.hpp"
 #include "support/testing.hpp"
 
 #include <doctest/doctest.h>
@@ -28,15 +29,10 @@ namespace fs = std::filesystem;
 namespace kimi = specdec::model::kimi;
 using nlohmann::json;
 using specdec::Status;
-using specdec::io::DeepseekV3Config;
-using specdec::io::SafetensorsCheckpoint;
+using specdec::testing::load_tiny_kimi;
 using specdec::testing::TempDir;
+using specdec::testing::TinyKimi;
 
-struct Model {
-  DeepseekV3Config config;
-  SafetensorsCheckpoint ckpt;
-  kimi::KimiWeights weights;
-};
 
 json load_fixture() {
   fs::path const path = fs::path(SPECDEC_TEST_FIXTURES_DIR) / "hf_parity_tiny.json";
@@ -51,18 +47,9 @@ json load_fixture() {
 }
 
 // What `specdec-kimi init-random --preset tiny --seed 1` writes: bf16 experts, 1 shard.
-void load_tiny(fs::path const& dir, Model* m) {
-  Status s = kimi::write_random_preset(dir.string(), "tiny", 1, /*int4=*/false, /*shards=*/1);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = specdec::io::load_config(dir, &m->config);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = SafetensorsCheckpoint::open(dir.string(), &m->ckpt);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = kimi::load_kimi_weights(m->ckpt, m->config, &m->weights);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-}
+void load_fixture_checkpoint(fs::path const& dir, TinyKimi* m) { load_tiny_kimi(dir, false, 1, m); }
 
-std::vector<float> forward(Model const& m, std::vector<int32_t> const& tokens) {
+std::vector<float> forward(TinyKimi const& m, std::vector<int32_t> const& tokens) {
   std::vector<float> logits;
   Status const s =
       kimi::kimi_forward_reference(m.weights, m.config, tokens, 0, {}, &logits, nullptr);
@@ -81,8 +68,8 @@ int64_t argmax(std::span<float const> row) {
 TEST_CASE("kimi_hf_parity: logits of the last 4 positions") {
   json const fx = load_fixture();
   TempDir tmp;
-  Model m;
-  load_tiny(tmp.path / "ckpt", &m);
+  TinyKimi m;
+  load_fixture_checkpoint(tmp.path / "ckpt", &m);
   int64_t const V = m.config.vocab_size;
   auto const ids = fx.at("input_ids").get<std::vector<int32_t>>();
   auto const positions = fx.at("logits_positions").get<std::vector<int64_t>>();
@@ -123,8 +110,8 @@ TEST_CASE("kimi_hf_parity: logits of the last 4 positions") {
 TEST_CASE("kimi_hf_parity: 64 greedy tokens") {
   json const fx = load_fixture();
   TempDir tmp;
-  Model m;
-  load_tiny(tmp.path / "ckpt", &m);
+  TinyKimi m;
+  load_fixture_checkpoint(tmp.path / "ckpt", &m);
   int64_t const V = m.config.vocab_size;
   std::vector<int32_t> tokens = fx.at("input_ids").get<std::vector<int32_t>>();
   size_t const prompt = tokens.size();

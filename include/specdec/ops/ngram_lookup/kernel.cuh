@@ -21,8 +21,8 @@
 namespace specdec::ops {
 namespace ngram_lookup_detail {
 
-// 256 threads: len 8192 gives 32 candidate ends per thread per round.
-constexpr int kThreads = 256;
+// 512 threads: len 8192 gives 16 candidate ends per thread per round, two batches of loads.
+constexpr int kThreads = 512;
 constexpr int kBatch = 8;
 
 // Common suffix length of row[.. e] and row[.. len-1], at most min(max_n, e + 1).

@@ -2,7 +2,8 @@
 // temperature <= 0, else temperature / top-k / top-p; definition in sample/params.hpp).
 // Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32.
 //   ops::sample(CpuExecutor{}, params)        host pointers, the plain-loop reference
-//   ops::sample(CudaExecutor{stream}, params) device pointers, one block per request, no host sync
+//   ops::sample(CudaExecutor{stream}, params) device pointers and a workspace of
+//                                             sample_workspace_bytes(B, V); no host sync
 #pragma once
 
 #include "specdec/core/executor.hpp"

@@ -2,8 +2,8 @@
 // a warp, N <= 1024). The request's parents are staged in shared memory; each thread walks its own
 // ancestors (O(depth), bounded by a prior block-wide check of every parent) for depth and its
 // mask row, scans the parents once (O(N)) for its first child and next sibling, and a leaf writes
-// its index at its rank among the leaves (a block prefix count of leaf flags); then one warp per
-// leaf_paths row writes the path from the leaf's mask row (coalesced).
+// its index at its rank among the leaves (a block prefix count of leaf flags); then one thread per
+// leaf_paths row writes the path by walking up from the leaf through the shared parents.
 // Validation checks are block-wide ORs, so a bad request stops before any walk. The launcher does
 // no host synchronisation, allocation or host read of device data (graph-capturable).
 #pragma once
@@ -83,16 +83,15 @@ static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
   int const rank = before + __popc(ballot & ((1u << lane) - 1u));
   if (leaf) s_leaf[rank] = i;
   if (i < N) s_depth[i] = used ? depth : -1;
-  __syncthreads();  // also makes this block's mask rows (global) visible to all its threads
-  // leaf_paths: one warp per row, lanes along the path (coalesced); entry t of the k-th leaf's
-  // row is the t-th set bit of the leaf's mask row.
-  int const warps = static_cast<int>(blockDim.x >> 5);
-  for (int k = warp; k < N; k += warps) {
+  __syncthreads();
+  // leaf_paths: one thread per row; the k-th leaf's row holds its ancestors by depth, found by
+  // one walk up the shared parents (d <= P - 1 steps), then -1 padding.
+  for (int k = i; k < N; k += blockDim.x) {
     int32_t* row = p.out.leaf_paths + (row0 + k) * P;
     int const leaf_k = k < total ? s_leaf[k] : -1;
     int const d = leaf_k >= 0 ? s_depth[leaf_k] : -1;
-    uint32_t const* mrow = p.out.mask + (row0 + (leaf_k >= 0 ? leaf_k : 0)) * W;
-    for (int t = lane; t < P; t += 32) row[t] = t <= d ? tree_path_node(mrow, W, t) : -1;
+    for (int t = d + 1; t < P; ++t) row[t] = -1;
+    for (int t = d, node = leaf_k; t >= 0; --t, node = s_par[node]) row[t] = node;
   }
   if (i == 0) {
     p.out.leaf_count[b] = total;

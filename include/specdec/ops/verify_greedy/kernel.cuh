@@ -23,12 +23,15 @@
 namespace specdec::ops {
 namespace verify_greedy_detail {
 
-// 256 threads x 4 float4 loads in flight per thread = 16 KiB per block per step; with up to 8
-// blocks per SM that covers H200 latency x bandwidth. (Initial choice; see bench_verify_greedy.)
+// 256 threads x kUnroll float4 loads in flight per thread per step: 8 (32 KiB per block) where
+// rows are split over clusters (few rows: latency-bound, a block's share streams in few round
+// trips), 4 (16 KiB) for whole rows, where up to 8 blocks per SM already cover H200 latency x
+// bandwidth and 8 measured ~20% slower at 1024 rows. (See bench_verify_greedy.)
 constexpr int kArgmaxThreads = 256;
-constexpr int kArgmaxUnroll = 4;
-// Largest portable cluster size.
-constexpr int kMaxSplit = 8;
+constexpr int kSplitUnroll = 8;
+constexpr int kRowUnroll = 4;
+// Largest cluster size on sm_90 (16 is beyond the portable 8: the kernel opts in).
+constexpr int kMaxSplit = 16;
 // Split rows until the grid has at least this many blocks (~2 per SM on a 132-SM H200)...
 constexpr int kTargetBlocks = 264;
 // ...but keep at least this many float4 vectors per block so the split pays for its combine.
@@ -52,7 +55,8 @@ __device__ __forceinline__ void consume4(uint64_t& best, float4 const x, int32_t
 }
 
 // grid.x = B * N * split; blocks [row*split, row*split + split) form one cluster when split > 1.
-static __global__ void __launch_bounds__(kArgmaxThreads)
+template <int kArgmaxUnroll>
+__global__ void __launch_bounds__(kArgmaxThreads)
     verify_greedy_argmax_kernel(__grid_constant__ VerifyGreedyParams const p, int const split) {
   int64_t const row = blockIdx.x / split;
   int const rank = static_cast<int>(blockIdx.x % split);
@@ -204,6 +208,12 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
   SPECDEC_CUDA_TRY(cudaGetDevice(&device));
   SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   int const split = d::argmax_split(rows, p.vocab, major >= 9);
+  if (split > 8) {
+    // A function attribute (no stream work), set before each launch that needs it: cheap, and
+    // right on whichever device is current.
+    SPECDEC_CUDA_TRY(cudaFuncSetAttribute(d::verify_greedy_argmax_kernel<d::kSplitUnroll>,
+                                          cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
   if (rows * split > 0x7fffffff) {
     return Status::InvalidArgument("verify_greedy: B*N = " + std::to_string(rows) +
                                    " rows exceed the grid limit");
@@ -219,7 +229,11 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = split > 1 ? 1 : 0;
-  SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel, p, split));
+  if (split > 1) {
+    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel<d::kSplitUnroll>, p, split));
+  } else {
+    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel<d::kRowUnroll>, p, split));
+  }
   int const threads = std::min(d::kAcceptMaxThreads, (p.tree.nodes + 31) / 32 * 32);
   d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
   return cuda_launch_status("verify_greedy_accept_kernel");

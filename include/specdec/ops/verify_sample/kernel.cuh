@@ -123,13 +123,91 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
   }
-  int len = 1, n = 0;
+  int len = 1, n = 0, n_rejected = 0;
   int32_t next_token = -1;
   int32_t* rejected = a.rejected;
-  while (status == kSampleOk) {
-    int64_t const row_index = static_cast<int64_t>(b) * N + n;
-    float const* row = p.logits + row_index * V;
-    SampleChunkPartial const* parts = partials + row_index * chunks;
+  uint64_t const seed = p.keys.seed[b];
+  uint32_t const step = p.keys.step[b];
+  uint32_t const request_id = p.keys.request_id ? p.keys.request_id[b] : static_cast<uint32_t>(b);
+  auto uniform = [&](int32_t node, uint32_t index) {
+    return philox_uniform(seed, request_id, step, static_cast<uint32_t>(node), index);
+  };
+  auto row_of = [&](int32_t node) { return p.logits + (static_cast<int64_t>(b) * N + node) * V; };
+  auto parts_of = [&](int32_t node) { return partials + (static_cast<int64_t>(b) * N + node) * chunks; };
+  // Weight in node's row of child c's token x: the loaded logit when c is tagged with the node.
+  auto w_child = [&](int32_t node, TargetDist const& dist, int32_t c, int32_t x) {
+    if (x < 0 || x >= V) return 0.0f;
+    uint64_t const e = a.child_logit[c];
+    float const l = (e >> 32) == static_cast<uint64_t>(node) ? __uint_as_float(static_cast<uint32_t>(e))
+                                                              : __ldg(row_of(node) + x);
+    return dist.weight(x, l);
+  };
+  // Deterministic drafts: node's children tried in sibling order, by the calling threads (the
+  // block, or warp 0 alone; `sync` is the matching barrier). Returns the accepted child or -1,
+  // with the distinct rejected tokens in rejected[0, n_rejected); a broken link sets status.
+  auto try_children = [&](int32_t node, TargetDist const& dist, float total, auto&& sync) {
+    n_rejected = 0;
+    float rejected_mass = 0.0f;
+    int32_t const child0 = len < P ? a.first_child[node] : -1;
+    for (int32_t c = child0, after = node; c != -1; after = c, c = a.next_sibling[c]) {
+      if (!verify_sample_link_ok(c, after, count)) {
+        status = kSampleBadTree;
+        return -1;
+      }
+      int32_t const x = a.token[c];
+      if (sample_detail::is_excluded(x, rejected, n_rejected)) continue;
+      float const wx = w_child(node, dist, c, x);
+      if (sample_accept_deterministic(uniform(c, 0), total - rejected_mass, wx)) return c;
+      sync();  // everyone has read the list before it grows
+      if (threadIdx.x == 0) rejected[n_rejected] = x;
+      sync();
+      ++n_rejected;
+      rejected_mass += wx;
+    }
+    return -1;
+  };
+  // Deterministic drafts, all rejected at node: the correction from w less the rejected tokens
+  // (block-wide).
+  auto correction = [&](int32_t node, TargetDist const& dist) {
+    if (dist.greedy_token >= 0 && !sample_detail::is_excluded(dist.greedy_token, rejected, n_rejected)) {
+      return dist.greedy_token;  // what the one-hot inverse CDF returns for any u
+    }
+    float const* row = row_of(node);
+    auto w = [&](int v, float l) { return dist.weight(v, l); };
+    float const u = uniform(node, 1);
+    int32_t token = sample_detail::block_row_sample(row, V, parts_of(node), chunked, dist,
+                                                    rejected, n_rejected, u, sh);
+    if (token < 0) {  // rounding only: stay inside the residual's support
+      token = sample_detail::block_argmax_weight(row, V, w, rejected, n_rejected, sh);
+    }
+    if (token < 0) token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
+    return token;
+  };
+  bool walked = false;
+  if (status == kSampleOk && chunked && p.draft_probs == nullptr) {
+    // Every row's distribution is in shared memory: warp 0 walks alone (32 times fewer issued
+    // instructions than the whole block taking the same decisions), then the block draws.
+    __shared__ int32_t walk[4];  // status, len, node where the walk stopped, its rejected count
+    if (threadIdx.x < 32) {
+      while (status == kSampleOk) {
+        status = a.row_error[n];
+        if (status != kSampleOk) break;
+        int32_t const accepted = try_children(n, a.row_dist[n], a.row_mass[n], [] { __syncwarp(); });
+        if (accepted < 0) break;
+        if (threadIdx.x == 0) a.path[len] = accepted;
+        ++len;
+        n = accepted;
+      }
+      if (threadIdx.x == 0) walk[0] = status, walk[1] = len, walk[2] = n, walk[3] = n_rejected;
+    }
+    __syncthreads();
+    status = walk[0], len = walk[1], n = walk[2], n_rejected = walk[3];
+    if (status == kSampleOk) next_token = correction(n, a.row_dist[n]);
+    walked = true;
+  }
+  while (!walked && status == kSampleOk) {
+    float const* row = row_of(n);
+    SampleChunkPartial const* parts = parts_of(n);
     TargetDist dist;
     float total = 0.0f;
     if (chunked) {
@@ -140,59 +218,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       status = sample_detail::block_row_dist(row, V, parts, p.config, b, dist, total, sh);
     }
     if (status != kSampleOk) break;
-    auto w = [&](int v, float l) { return dist.weight(v, l); };
-    // Weight of child c's token x in this row: the loaded logit when c is tagged with n.
-    auto w_child = [&](int32_t c, int32_t x) {
-      if (x < 0 || x >= V) return 0.0f;
-      uint64_t const e = a.child_logit[c];
-      float const l = (e >> 32) == static_cast<uint64_t>(n) ? __uint_as_float(static_cast<uint32_t>(e))
-                                                             : __ldg(row + x);
-      return dist.weight(x, l);
-    };
-    int32_t const child0 = len < P ? a.first_child[n] : -1;
     int32_t accepted = -1;
-    float const u_final = p.keys.uniform(b, static_cast<uint32_t>(n), 1);
     if (p.draft_probs == nullptr) {
-      int n_rejected = 0;
-      float rejected_mass = 0.0f;
-      for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
-        if (!verify_sample_link_ok(c, after, count)) {
-          status = kSampleBadTree;
-          break;
-        }
-        int32_t const x = a.token[c];
-        if (sample_detail::is_excluded(x, rejected, n_rejected)) continue;
-        float const wx = w_child(c, x);
-        if (sample_accept_deterministic(p.keys.uniform(b, static_cast<uint32_t>(c), 0),
-                                        total - rejected_mass, wx)) {
-          accepted = c;
-          break;
-        }
-        __syncthreads();  // everyone has read the list before it grows
-        if (threadIdx.x == 0) rejected[n_rejected] = x;
-        __syncthreads();
-        ++n_rejected;
-        rejected_mass += wx;
-      }
+      accepted = try_children(n, dist, total, [] { __syncthreads(); });
       if (status != kSampleOk) break;
-      if (accepted < 0) {
-        if (dist.greedy_token >= 0 && !sample_detail::is_excluded(dist.greedy_token, rejected, n_rejected)) {
-          next_token = dist.greedy_token;  // what the one-hot inverse CDF returns for any u
-        } else {
-          next_token = sample_detail::block_row_sample(row, V, parts, chunked, dist, rejected,
-                                                       n_rejected, u_final, sh);
-          if (next_token < 0) {  // rounding only: stay inside the residual's support
-            next_token = sample_detail::block_argmax_weight(row, V, w, rejected, n_rejected, sh);
-          }
-          if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u_final, sh);
-        }
-      }
+      if (accepted < 0) next_token = correction(n, dist);
     } else {
-      float const* q = p.draft_probs + row_index * V;
+      auto w = [&](int v, float l) { return dist.weight(v, l); };
+      float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
       float c_mass = 0.0f, residual_mass = total;
       auto residual = [&](int v, float l) {
         return sample_residual_weight(dist.weight(v, l), __ldg(q + v), c_mass);
       };
+      int32_t const child0 = len < P ? a.first_child[n] : -1;
       for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
         if (!verify_sample_link_ok(c, after, count)) {
           status = kSampleBadTree;
@@ -201,9 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         int32_t const x = a.token[c];
         bool const in_vocab = x >= 0 && x < V;
         float const qx = in_vocab ? __ldg(q + x) : 0.0f;
-        float const rx = in_vocab ? sample_residual_weight(w_child(c, x), qx, c_mass) : 0.0f;
-        if (sample_accept_sampled(p.keys.uniform(b, static_cast<uint32_t>(c), 0), residual_mass,
-                                  qx, rx)) {
+        float const rx = in_vocab ? sample_residual_weight(w_child(n, dist, c, x), qx, c_mass) : 0.0f;
+        if (sample_accept_sampled(uniform(c, 0), residual_mass, qx, rx)) {
           accepted = c;
           break;
         }
@@ -212,8 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (status != kSampleOk) break;
       if (accepted < 0) {
-        next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u_final, sh);
-        if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u_final, sh);
+        float const u = uniform(n, 1);
+        next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u, sh);
+        if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
       }
     }
     if (accepted < 0) break;

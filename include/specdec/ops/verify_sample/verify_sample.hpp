@@ -3,7 +3,8 @@
 // verify_sample/params.hpp. Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs
 // [B, N, V] or nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B].
 //   ops::verify_sample(CpuExecutor{}, params)        host pointers, the plain-loop reference
-//   ops::verify_sample(CudaExecutor{stream}, params) device pointers, one block per request
+//   ops::verify_sample(CudaExecutor{stream}, params) device pointers and a workspace of
+//                                                    verify_sample_workspace_bytes(B, N, V)
 #pragma once
 
 #include "specdec/core/executor.hpp"
