@@ -2,7 +2,8 @@
 # The whole GPU run on the H200 machine, in one call: configure for sm_90 with ninja, build (with
 # ptxas's resource report), run every test (GPU tests included), the transformers parity fixture
 # and the op benchmarks. Logs go to a scratch folder; $OUT (default ./device-out) receives only
-# results.md (the short table), summary.txt and logs.tar.gz, since a call brings back few files.
+# results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
+# brings back few files.
 #   scripts/device_run.sh [all|tests|parity|bench]... [--bench-filter REGEX]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,14 +46,18 @@ if wants tests; then
     grep -E "tests passed" "$logs/ctest.log"; } >> "$summary"
 fi
 if wants parity; then
-  rm -rf "$logs/parity"
-  if timeout 240 python3 scripts/hf_parity.py --specdec-kimi $build/examples/specdec-kimi \
-       --out "$logs/parity" > "$logs/parity.log" 2>&1; then
-    cp "$logs/parity/hf_parity_fixture.json" "$OUT/hf_parity_fixture.json"
-    echo "--- parity: fixture written" >> "$summary"
-  else
-    { echo "--- parity FAILED"; tail -20 "$logs/parity.log"; } >> "$summary"; status=1
-  fi
+  for mode in bf16 int4; do
+    flag=; suffix=
+    [ $mode = int4 ] && flag=--int4 suffix=_int4
+    rm -rf "$logs/parity$suffix"
+    if timeout 240 python3 scripts/hf_parity.py --specdec-kimi $build/examples/specdec-kimi $flag \
+         --out "$logs/parity$suffix" > "$logs/parity$suffix.log" 2>&1; then
+      cp "$logs/parity$suffix/hf_parity_fixture$suffix.json" "$OUT/"
+      echo "--- parity ($mode): fixture written" >> "$summary"
+    else
+      { echo "--- parity ($mode) FAILED"; tail -20 "$logs/parity$suffix.log"; } >> "$summary"; status=1
+    fi
+  done
 fi
 if wants bench; then
   # One family at a time, each bounded, so a slow family cannot cost the others their numbers.

@@ -31,6 +31,12 @@ accumulation; the fp32 transformers run differs only by summation order and fp32
 the fp32 greedy tokens exactly (or up to the first near-tie). The bf16 greedy tokens are recorded
 to show how far bf16 rounding alone moves the output; they are not expected to match.
 
+With --int4 the checkpoint has INT4 routed experts (`init-random --int4`); transformers, which
+reads dense weights, runs on the copy `specdec-kimi dequantize` writes (float32 experts equal to
+our INT4 path's dequantised weights exactly), in float32 only, and the fixture is
+DIR/hf_parity_fixture_int4.json ("int4": true, no bfloat16 tokens), to be committed as
+tests/fixtures/hf_parity_tiny_int4.json and compared with our forward on the INT4 original.
+
 Checks that fail loudly instead of producing a misleading fixture: rope_interleave must be true
 (the interleaved convention kimi.md describes), and under YaRN max_position_embeddings /
 original_max_position_embeddings must equal rope_scaling.factor (transformers versions differ in
@@ -59,17 +65,23 @@ def fail(msg):
     sys.exit(1)
 
 
-def write_checkpoint(specdec_kimi, ckpt_dir, seed):
+def run_tool(cmd):
+    print("+ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd)
+    if r.returncode != 0:
+        fail("%s exited with %d" % (" ".join(cmd), r.returncode))
+
+
+def write_checkpoint(specdec_kimi, ckpt_dir, seed, int4):
     if not os.path.isfile(specdec_kimi) or not os.access(specdec_kimi, os.X_OK):
         fail("--specdec-kimi %s: not an executable file (build it first)" % specdec_kimi)
     if os.path.exists(ckpt_dir) and os.listdir(ckpt_dir):
         fail("%s exists and is not empty: pass a fresh --out (the checkpoint writer never "
              "overwrites)" % ckpt_dir)
     cmd = [specdec_kimi, "init-random", "--preset", "tiny", "--out", ckpt_dir, "--seed", str(seed)]
-    print("+ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd)
-    if r.returncode != 0:
-        fail("%s exited with %d" % (" ".join(cmd), r.returncode))
+    if int4:
+        cmd.append("--int4")
+    run_tool(cmd)
     for name in ("config.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(ckpt_dir, name)):
             fail("%s did not write %s" % (ckpt_dir, name))
@@ -139,6 +151,9 @@ def main():
     ap.add_argument("--specdec-kimi", required=True, help="path of the specdec-kimi binary")
     ap.add_argument("--out", required=True, help="output directory (checkpoint + fixture)")
     ap.add_argument("--seed", type=int, default=1, help="checkpoint seed (default 1)")
+    ap.add_argument("--int4", action="store_true",
+                    help="INT4 experts: transformers runs (float32 only) on the exact float32 "
+                         "copy written by `specdec-kimi dequantize`")
     args = ap.parse_args()
 
     try:
@@ -152,7 +167,11 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     ckpt_dir = os.path.join(args.out, "ckpt")
-    cmd = write_checkpoint(args.specdec_kimi, ckpt_dir, args.seed)
+    cmd = write_checkpoint(args.specdec_kimi, ckpt_dir, args.seed, args.int4)
+    hf_dir = ckpt_dir
+    if args.int4:
+        hf_dir = os.path.join(args.out, "ckpt-f32")
+        run_tool([args.specdec_kimi, "dequantize", "--model-path", ckpt_dir, "--out", hf_dir])
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # fp32 means fp32: no TF32 matmuls / convolutions.
@@ -172,6 +191,7 @@ def main():
         "config_name": "tiny",
         "seed": args.seed,
         "checkpoint_command": " ".join(["specdec-kimi"] + cmd[1:5] + ["DIR/ckpt"] + cmd[6:]),
+        "int4": args.int4,
         "model_type": raw.get("model_type"),
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
@@ -183,9 +203,12 @@ def main():
         "e_score_correction_bias_dtype": {},
     }
 
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        print("loading %s as %s on %s" % (ckpt_dir, name, device), flush=True)
-        model, bias_dtype = load_model(torch, transformers, ckpt_dir, dtype, device)
+    runs = [("float32", torch.float32)]
+    if not args.int4:  # a bf16 load of the float32 copy would round the exact INT4 products
+        runs.append(("bfloat16", torch.bfloat16))
+    for name, dtype in runs:
+        print("loading %s as %s on %s" % (hf_dir, name, device), flush=True)
+        model, bias_dtype = load_model(torch, transformers, hf_dir, dtype, device)
         fixture["e_score_correction_bias_dtype"][name] = bias_dtype
         if name == "float32":
             with torch.no_grad():
@@ -203,16 +226,20 @@ def main():
         if device == "cuda":
             torch.cuda.empty_cache()
 
-    path = os.path.join(args.out, "hf_parity_fixture.json")
+    suffix = "_int4" if args.int4 else ""
+    path = os.path.join(args.out, "hf_parity_fixture%s.json" % suffix)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(fixture, f, indent=1)
         f.write("\n")
     os.replace(tmp, path)
-    same = sum(a == b for a, b in zip(fixture["greedy_tokens"]["float32"],
-                                      fixture["greedy_tokens"]["bfloat16"]))
-    print("wrote %s (fp32 vs bf16 greedy agree at %d of %d)" % (path, same, NUM_GREEDY))
-    print("commit it as tests/fixtures/hf_parity_tiny.json")
+    if args.int4:
+        print("wrote %s" % path)
+    else:
+        same = sum(a == b for a, b in zip(fixture["greedy_tokens"]["float32"],
+                                          fixture["greedy_tokens"]["bfloat16"]))
+        print("wrote %s (fp32 vs bf16 greedy agree at %d of %d)" % (path, same, NUM_GREEDY))
+    print("commit it as tests/fixtures/hf_parity_tiny%s.json" % suffix)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 //   specdec-kimi inspect --model-path DIR
 //       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
 //       count and bytes, and whether the routed experts are INT4
+//   specdec-kimi dequantize --model-path DIR --out DIR2
+//       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
+//       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
 //
 // Flags are strict: an unknown flag, a missing value or a malformed number is an error naming the
 // flag (exit 2); a failed load or write prints the Status (exit 1).
@@ -21,6 +24,7 @@
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/dequantize_checkpoint.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
 
@@ -32,7 +36,8 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]\n"
                "                                [--int4] [--shards N] [--num-layers L]\n"
-               "       specdec-kimi inspect --model-path DIR\n");
+               "       specdec-kimi inspect --model-path DIR\n"
+               "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
 }
 
 [[noreturn]] void fail_usage(std::string const& msg) {
@@ -128,10 +133,29 @@ int inspect(int argc, char** argv) {
   return 0;
 }
 
+int dequantize(int argc, char** argv) {
+  std::string path, out;
+  for (int i = 2; i < argc; ++i) {
+    std::string const a = argv[i];
+    auto value = [&](char const* name) -> std::string {
+      if (i + 1 >= argc) fail_usage(std::string(name) + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model-path") path = value("--model-path");
+    else if (a == "--out") out = value("--out");
+    else fail_usage("unknown flag " + a + " for dequantize");
+  }
+  if (path.empty()) fail_usage("dequantize needs --model-path DIR");
+  if (out.empty()) fail_usage("dequantize needs --out DIR2");
+  Status const s = specdec::model::kimi::write_dequantized_copy(path, out);
+  if (s.ok()) std::printf("wrote the float32-expert copy of %s to %s\n", path.c_str(), out.c_str());
+  return finish(s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) fail_usage("missing command (init-random, inspect)");
+  if (argc < 2) fail_usage("missing command (init-random, inspect, dequantize)");
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
     usage(stdout);
@@ -140,9 +164,10 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "init-random") return init_random(argc, argv);
     if (cmd == "inspect") return inspect(argc, argv);
+    if (cmd == "dequantize") return dequantize(argc, argv);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  fail_usage("unknown command '" + cmd + "' (init-random, inspect)");
+  fail_usage("unknown command '" + cmd + "' (init-random, inspect, dequantize)");
 }
