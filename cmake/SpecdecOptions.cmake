@@ -45,6 +45,8 @@ endif()
 
 # JSON (safetensors headers, config.json, index files): Debian's nlohmann-json3-dev.
 find_package(nlohmann_json 3.2 REQUIRED)
+# Eigen: the CPU executor's matrix products (model/kimi/forward_cpu.hpp).
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
 
 find_package(NCCL)
 if(NCCL_FOUND)

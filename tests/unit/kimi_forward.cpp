@@ -7,6 +7,7 @@
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "support/kimi_model.hpp"
+#include "support/status_checks.hpp"
 #include "support/testing.hpp"
 
 #include <doctest/doctest.h>
@@ -30,16 +31,8 @@ using specdec::testing::load_tiny_kimi;
 using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
 
-bool contains(std::string const& s, std::string const& part) {
-  return s.find(part) != std::string::npos;
-}
-
-void check_error(Status const& s, StatusCode code, std::vector<std::string> const& parts) {
-  CHECK_MESSAGE(s.code() == code, s.to_string());
-  for (auto const& p : parts) {
-    CHECK_MESSAGE(contains(s.message(), p), "want '", p, "' in: ", s.message());
-  }
-}
+using specdec::testing::check_error;
+using specdec::testing::contains;
 
 std::vector<int32_t> some_tokens(int n) {
   std::vector<int32_t> t;

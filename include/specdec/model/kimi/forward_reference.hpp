@@ -471,6 +471,19 @@ inline Status mlp_block(LayerWeights const& l, DeepseekV3Config const& c, int li
   return Status::Ok();
 }
 
+// The router the forwards implement: transformers' DeepseekV3 (sigmoid scores, noaux_tc top-k).
+inline Status check_router_supported(io::DeepseekV3Config const& c, std::string const& fn) {
+  if (c.scoring_func != io::ScoringFunc::kSigmoid) {
+    return Status::Unsupported(fn + "scoring_func \"" + io::scoring_func_name(c.scoring_func) +
+                               "\": only \"sigmoid\" (transformers' DeepseekV3 router)");
+  }
+  if (c.topk_method != io::TopkMethod::kNoauxTc) {
+    return Status::Unsupported(fn + "topk_method \"" + io::topk_method_name(c.topk_method) +
+                               "\": only \"noaux_tc\" (transformers' DeepseekV3 router)");
+  }
+  return Status::Ok();
+}
+
 inline Status forward_impl(KimiWeights const& w, DeepseekV3Config const& c,
                            std::span<int32_t const> tokens, int start_position,
                            std::span<int const> aux_layers, std::vector<float>* logits,
@@ -513,14 +526,7 @@ inline Status forward_impl(KimiWeights const& w, DeepseekV3Config const& c,
       }
     }
   }
-  if (c.scoring_func != io::ScoringFunc::kSigmoid) {
-    return Status::Unsupported(fn + "scoring_func \"" + io::scoring_func_name(c.scoring_func) +
-                               "\": only \"sigmoid\" (transformers' DeepseekV3 router)");
-  }
-  if (c.topk_method != io::TopkMethod::kNoauxTc) {
-    return Status::Unsupported(fn + "topk_method \"" + io::topk_method_name(c.topk_method) +
-                               "\": only \"noaux_tc\" (transformers' DeepseekV3 router)");
-  }
+  SPECDEC_RETURN_IF_ERROR(check_router_supported(c, fn));
   if (static_cast<int>(w.layers.size()) != L) {
     return Status::InvalidArgument(fn + "weights have " + std::to_string(w.layers.size()) +
                                    " layers, num_hidden_layers is " + std::to_string(L) +
