@@ -1,6 +1,7 @@
 // specdec umbrella, host-safe: core types, policies, dispatch, checkpoint I/O and every op's front door with the
 // CPU executor. Include specdec/specdec.cuh from CUDA translation units to get the CUDA
-// overloads of the same front doors as well.
+// overloads of the same front doors as well. The Kimi CPU executor (model/kimi/forward_cpu.hpp,
+// model/kimi/generate.hpp) needs Eigen and is included on its own, from host translation units.
 #pragma once
 
 #include "specdec/core/dispatch.hpp"
@@ -15,7 +16,9 @@
 #include "specdec/io/mapped_file.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/dequantize_checkpoint.hpp"
 #include "specdec/model/kimi/forward_reference.hpp"
+#include "specdec/model/kimi/mla_cache.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/draft_select/draft_select.hpp"
