@@ -376,7 +376,7 @@ inline Status cpu_mlp(KimiCpuModel const& m, int li, CpuMatrix const& xn, CpuMat
   std::vector<int32_t> ids;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t e = 0; e < E; ++e) {
-      scores[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(logit(t, e)))));
+      scores[e] = ops::moe_router_score(logit(t, e));
     }
     SPECDEC_RETURN_IF_ERROR(moe_route_reference(
         scores, l.e_score_correction_bias, c.n_group, c.topk_group, c.num_experts_per_tok,

@@ -19,7 +19,7 @@
 //     p = softmax_{s <= t}(config.softmax_scale() * (q_nope.k_nope + q_pe.k_pe)); o = sum p v
 //     out = o_proj(o viewed [nh * dv], head-major)
 //   Mlp: dense SwiGLU down(silu(gate(x)) * up(x)) on layers where !config.is_moe_layer(i); MoE:
-//     scores = sigmoid(gate.weight . x) (fp32), routed by moe_route_reference (below) with
+//     scores = sigmoid(gate.weight . x) (fp32), routed by moe_route_reference (ops/moe_route) with
 //     e_score_correction_bias, n_group, topk_group, num_experts_per_tok, norm_topk_prob,
 //     routed_scaling_factor; out = sum_k w_k Expert_{id_k}(x) + SharedExperts(x).
 //   Weights: bf16 converted exactly to float; INT4 routed experts dequantised with
@@ -68,6 +68,7 @@
 #include "specdec/io/compressed_tensors.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/model/kimi/weights.hpp"
+#include "specdec/ops/moe_route/reference.hpp"
 #include "specdec/policy/layers.hpp"
 
 namespace specdec::model::kimi {
@@ -154,74 +155,9 @@ inline Status rope_interleaved_reference(std::span<float> x, int64_t position,
   return Status::Ok();
 }
 
-// Group-limited top-k routing of one token (transformers' DeepseekV3MoE.route_tokens_to_experts):
-//   scores [E]: the sigmoid router scores; bias [E] (e_score_correction_bias) or empty (= 0).
-//   b = scores + bias (selection only). Experts form n_group groups of E / n_group consecutive
-//   ids; group score = sum of the 2 largest b in the group; the topk_group best groups are kept
-//   (ties: lower group index); b of experts in other groups is set to 0.0 (transformers'
-//   masked_fill value, not -inf: it only matters when a kept b is negative); the top_k largest
-//   masked b are chosen (ties: lower id). *ids = their ids by decreasing masked b;
-//   *weights = scores[ids] (unbiased), divided by (their sum + 1e-20) when norm, times scale.
-// Needs E % n_group == 0, E / n_group >= 2 (top-2 per group), 1 <= topk_group <= n_group,
-// 1 <= top_k <= topk_group * E / n_group.
-inline Status moe_route_reference(std::span<float const> scores, std::span<float const> bias,
-                                  int n_group, int topk_group, int top_k, bool norm, float scale,
-                                  std::vector<int32_t>* ids, std::vector<float>* weights) {
-  auto bad = [](std::string m) { return Status::InvalidArgument("moe_route_reference: " + m); };
-  if (ids == nullptr || weights == nullptr) return bad("ids and weights must not be null");
-  int64_t const E = static_cast<int64_t>(scores.size());
-  if (E < 1) return bad("scores is empty");
-  if (!bias.empty() && static_cast<int64_t>(bias.size()) != E) {
-    return bad("bias has " + std::to_string(bias.size()) + " values, scores " + std::to_string(E));
-  }
-  if (n_group < 1 || E % n_group != 0) {
-    return bad("n_group " + std::to_string(n_group) + " does not divide the " + std::to_string(E) +
-               " experts");
-  }
-  int64_t const per = E / n_group;
-  if (per < 2) {
-    return bad("n_group " + std::to_string(n_group) + " leaves " + std::to_string(per) +
-               " expert(s) per group; the group score needs 2");
-  }
-  if (topk_group < 1 || topk_group > n_group) {
-    return bad("topk_group " + std::to_string(topk_group) + " not in [1, n_group " +
-               std::to_string(n_group) + "]");
-  }
-  if (top_k < 1 || top_k > topk_group * per) {
-    return bad("top_k " + std::to_string(top_k) + " not in [1, " +
-               std::to_string(topk_group * per) + "] (experts in topk_group groups)");
-  }
-  std::vector<float> b(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) b[e] = scores[e] + (bias.empty() ? 0.0f : bias[e]);
-  std::vector<float> group_score(static_cast<size_t>(n_group));
-  for (int g = 0; g < n_group; ++g) {
-    std::vector<float> v(b.begin() + g * per, b.begin() + (g + 1) * per);
-    std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-    group_score[static_cast<size_t>(g)] = v[0] + v[1];
-  }
-  std::vector<int> gorder(static_cast<size_t>(n_group));
-  std::iota(gorder.begin(), gorder.end(), 0);
-  std::stable_sort(gorder.begin(), gorder.end(),
-                   [&](int a, int c) { return group_score[a] > group_score[c]; });
-  std::vector<bool> kept(static_cast<size_t>(n_group), false);
-  for (int k = 0; k < topk_group; ++k) kept[static_cast<size_t>(gorder[k])] = true;
-  for (int64_t e = 0; e < E; ++e) {
-    if (!kept[static_cast<size_t>(e / per)]) b[e] = 0.0f;
-  }
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return b[a] > b[c]; });
-  ids->assign(order.begin(), order.begin() + top_k);
-  weights->assign(static_cast<size_t>(top_k), 0.0f);
-  double sum = 0.0;
-  for (int k = 0; k < top_k; ++k) sum += scores[(*ids)[k]];
-  for (int k = 0; k < top_k; ++k) {
-    double w = scores[(*ids)[k]];
-    if (norm) w /= sum + 1e-20;
-    (*weights)[k] = static_cast<float>(w * scale);
-  }
-  return Status::Ok();
-}
+// Group-limited top-k routing of one token: the rule of ops/moe_route/params.hpp, whose CUDA
+// kernel the GPU forward uses.
+using ops::moe_route_reference;
 
 namespace detail {
 
@@ -447,7 +383,7 @@ inline Status mlp_block(LayerWeights const& l, DeepseekV3Config const& c, int li
   for (int64_t t = 0; t < T; ++t) {
     float const* x = xn.data() + t * H;
     matvec(gate, E, H, x, scores.data());
-    for (float& v : scores) v = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(v))));
+    for (float& v : scores) v = ops::moe_router_score(v);
     SPECDEC_RETURN_IF_ERROR(moe_route_reference(
         scores, bias, c.n_group, c.topk_group, c.num_experts_per_tok, c.norm_topk_prob,
         static_cast<float>(c.routed_scaling_factor), &ids, &wts));
