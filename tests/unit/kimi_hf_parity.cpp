@@ -1,9 +1,13 @@
 // The Kimi / DeepseekV3 CPU reference forward (model/kimi/forward_reference.hpp) matches Hugging
 // Face transformers' DeepseekV3ForCausalLM on the same checkpoint (the tiny random preset, seed 1,
-// bf16, 1 shard, regenerated here as the script wrote it): fp32 logits of 4 positions within a
-// stated tolerance and with the same argmax, and 64 greedy tokens exactly (or up to a near-tie).
-// The fixture tests/fixtures/hf_parity_tiny.json comes from scripts/hf_parity.py (transformers
-// fp32 on an H200, TF32 off); a missing or malformed fixture fails the test.
+// 1 shard, regenerated here as the script wrote it): fp32 logits of 4 positions within a stated
+// tolerance and with the same argmax, and 64 greedy tokens exactly (or up to a near-tie).
+// Two fixtures from scripts/hf_parity.py (transformers fp32 on an H200, TF32 off):
+//   tests/fixtures/hf_parity_tiny.json       bf16 checkpoint, transformers on the same directory
+//   tests/fixtures/hf_parity_tiny_int4.json  INT4-expert checkpoint (--int4); transformers on its
+//                                            exact fp32 copy (specdec-kimi dequantize), ours on
+//                                            the INT4 directory itself
+// A missing or malformed fixture fails the test.
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
@@ -34,8 +38,9 @@ using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
 
 
-json load_fixture() {
-  fs::path const path = fs::path(SPECDEC_TEST_FIXTURES_DIR) / "hf_parity_tiny.json";
+json load_fixture(bool int4) {
+  fs::path const path =
+      fs::path(SPECDEC_TEST_FIXTURES_DIR) / (int4 ? "hf_parity_tiny_int4.json" : "hf_parity_tiny.json");
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot read ", path.string(), " (scripts/hf_parity.py writes it)");
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -43,11 +48,14 @@ json load_fixture() {
   REQUIRE(j.at("config_name") == "tiny");
   REQUIRE(j.at("seed") == 1);
   REQUIRE(j.at("start_position") == 0);
+  REQUIRE(j.value("int4", false) == int4);
   return j;
 }
 
-// What `specdec-kimi init-random --preset tiny --seed 1` writes: bf16 experts, 1 shard.
-void load_fixture_checkpoint(fs::path const& dir, TinyKimi* m) { load_tiny_kimi(dir, false, 1, m); }
+// What `specdec-kimi init-random --preset tiny --seed 1 [--int4]` writes, 1 shard.
+void load_fixture_checkpoint(fs::path const& dir, bool int4, TinyKimi* m) {
+  load_tiny_kimi(dir, int4, 1, m);
+}
 
 std::vector<float> forward(TinyKimi const& m, std::vector<int32_t> const& tokens) {
   std::vector<float> logits;
@@ -63,13 +71,11 @@ int64_t argmax(std::span<float const> row) {
   return std::max_element(row.begin(), row.end()) - row.begin();
 }
 
-}  // namespace
-
-TEST_CASE("kimi_hf_parity: logits of the last 4 positions") {
-  json const fx = load_fixture();
+void check_logits(bool int4) {
+  json const fx = load_fixture(int4);
   TempDir tmp;
   TinyKimi m;
-  load_fixture_checkpoint(tmp.path / "ckpt", &m);
+  load_fixture_checkpoint(tmp.path / "ckpt", int4, &m);
   int64_t const V = m.config.vocab_size;
   auto const ids = fx.at("input_ids").get<std::vector<int32_t>>();
   auto const positions = fx.at("logits_positions").get<std::vector<int64_t>>();
@@ -107,16 +113,15 @@ TEST_CASE("kimi_hf_parity: logits of the last 4 positions") {
   MESSAGE("max |logit diff| ", max_abs, ", max diff / row max |logit| ", max_rel);
 }
 
-TEST_CASE("kimi_hf_parity: 64 greedy tokens") {
-  json const fx = load_fixture();
+void check_greedy(bool int4) {
+  json const fx = load_fixture(int4);
   TempDir tmp;
   TinyKimi m;
-  load_fixture_checkpoint(tmp.path / "ckpt", &m);
+  load_fixture_checkpoint(tmp.path / "ckpt", int4, &m);
   int64_t const V = m.config.vocab_size;
   std::vector<int32_t> tokens = fx.at("input_ids").get<std::vector<int32_t>>();
   size_t const prompt = tokens.size();
   auto const want = fx.at("greedy_tokens").at("float32").get<std::vector<int32_t>>();
-  auto const bf16 = fx.at("greedy_tokens").at("bfloat16").get<std::vector<int32_t>>();
   REQUIRE(want.size() == 64);
 
   // As scripts/hf_parity.py: full forwards without a KV cache (64 take about 1 s in Release),
@@ -149,5 +154,15 @@ TEST_CASE("kimi_hf_parity: 64 greedy tokens") {
     // A gap under 1e-3 (300x the observed logit error) may flip with summation order; more may not.
     CHECK_MESSAGE(gaps[k] < 1e-3f, "divergence at step ", k, " is not at a near-tie");
   }
-  MESSAGE("transformers bf16 agrees on the first ", first_diff(bf16), " tokens (not checked)");
+  if (fx.at("greedy_tokens").contains("bfloat16")) {
+    auto const bf16 = fx.at("greedy_tokens").at("bfloat16").get<std::vector<int32_t>>();
+    MESSAGE("transformers bf16 agrees on the first ", first_diff(bf16), " tokens (not checked)");
+  }
 }
+
+}  // namespace
+
+TEST_CASE("kimi_hf_parity: logits of the last 4 positions (bf16)") { check_logits(false); }
+TEST_CASE("kimi_hf_parity: 64 greedy tokens (bf16)") { check_greedy(false); }
+TEST_CASE("kimi_hf_parity: logits of the last 4 positions (INT4 experts)") { check_logits(true); }
+TEST_CASE("kimi_hf_parity: 64 greedy tokens (INT4 experts)") { check_greedy(true); }
