@@ -62,6 +62,7 @@
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
 #include "specdec/io/hf_config.hpp"
+#include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
 #include "specdec/model/kimi/weights.hpp"
@@ -238,17 +239,6 @@ inline Status load_kimi_cpu_model(KimiWeights const& weights, io::DeepseekV3Conf
 
 namespace detail {
 
-// One request's tokens in a forward.
-struct CpuSegment {
-  RequestId id = 0;
-  int64_t first = 0;               // its first token row in the batch
-  int64_t count = 0;               // n tokens
-  int64_t base = 0;                // cache length before: token i goes to slot base + i
-  uint32_t const* mask = nullptr;  // [n, words] tree rows (verify), nullptr = causal
-  int words = 0;
-  std::vector<int64_t> rows;  // cache row (within a layer) of slots [0, base + n)
-};
-
 // y = down(silu(x gate^T) * (x up^T)) for x [n, H] -> [n, H].
 inline CpuMatrix cpu_swiglu(CpuMlpWeights const& w, CpuMatrix const& x) {
   CpuMatrix g = x * w.gate_proj.transpose();
@@ -271,7 +261,7 @@ inline Status cpu_rms_rows(CpuMatrix const& x, std::vector<float> const& w, doub
 // Attention of one layer for every segment; the layer's new cache entries are written first.
 // xn [T, H] (input_layernorm'd), positions [T]; adds o_proj(o) to *x.
 inline Status cpu_attention(KimiCpuModel const& m, int li, MlaCache* cache,
-                            std::vector<CpuSegment> const& segs, CpuMatrix const& xn,
+                            std::vector<ForwardSegment> const& segs, CpuMatrix const& xn,
                             std::span<int64_t const> positions, CpuMatrix* x) {
   io::DeepseekV3Config const& c = m.config;
   CpuLayerWeights const& l = m.layers[static_cast<size_t>(li)];
@@ -295,7 +285,7 @@ inline Status cpu_attention(KimiCpuModel const& m, int li, MlaCache* cache,
   }
   CpuMatrix const kva = xn * l.kv_a_proj_with_mqa.transpose();  // [T, c + r]
   float* layer = cache->layer(li);
-  for (CpuSegment const& s : segs) {
+  for (ForwardSegment const& s : segs) {
     for (int64_t i = 0; i < s.count; ++i) {
       int64_t const t = s.first + i;
       float* e = layer + s.rows[static_cast<size_t>(s.base + i)] * W;
@@ -313,7 +303,7 @@ inline Status cpu_attention(KimiCpuModel const& m, int li, MlaCache* cache,
     }
   }
   CpuMatrix o(T, nh * dv);
-  for (CpuSegment const& s : segs) {
+  for (ForwardSegment const& s : segs) {
     int64_t const n = s.count, S = s.base + n;
     CpuMatrix K(S, W);  // the request's entries, slots [0, S)
     for (int64_t u = 0; u < S; ++u) {
@@ -405,7 +395,7 @@ inline Status cpu_mlp(KimiCpuModel const& m, int li, CpuMatrix const& xn, CpuMat
 // The forward of validated segments whose slots are reserved: writes every layer's entries of
 // slots [base, base + n) and fills *logits [T, V], *aux [T, |aux| * H].
 inline Status cpu_forward(KimiCpuModel const& m, MlaCache* cache,
-                          std::vector<CpuSegment> const& segs, std::span<int32_t const> tokens,
+                          std::vector<ForwardSegment> const& segs, std::span<int32_t const> tokens,
                           std::span<int64_t const> positions, std::span<int const> aux_layers,
                           std::vector<float>* logits, std::vector<float>* aux) {
   io::DeepseekV3Config const& c = m.config;
@@ -438,167 +428,6 @@ inline Status cpu_forward(KimiCpuModel const& m, MlaCache* cache,
   return Status::Ok();
 }
 
-// What the three entry points share: argument checks, segments, page reservation, the forward.
-// counts [B] tokens per request; tokens [T]; positions [T] (nullptr span: base + i); masks:
-// verify's [B, N, words] rows or empty. On success the caller updates the lengths.
-inline Status cpu_run(std::string const& fn, KimiCpuModel const& m, MlaCache* cache,
-                      std::span<RequestId const> requests, std::span<int64_t const> counts,
-                      std::span<int32_t const> tokens, std::span<int32_t const> given_positions,
-                      std::span<uint32_t const> masks, int words, std::span<int const> aux_layers,
-                      std::vector<float>* logits, std::vector<float>* aux) {
-  io::DeepseekV3Config const& c = m.config;
-  if (logits == nullptr) return Status::InvalidArgument(fn + "logits is null");
-  if (!aux_layers.empty() && aux == nullptr) {
-    return Status::InvalidArgument(fn + "aux is null but " + std::to_string(aux_layers.size()) +
-                                   " aux_layers were requested");
-  }
-  if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
-  if (static_cast<int>(m.layers.size()) != c.num_hidden_layers || m.inv_freq.empty()) {
-    return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cpu_model)");
-  }
-  if (cache->num_layers() != c.num_hidden_layers || cache->kv_lora_rank() != c.kv_lora_rank ||
-      cache->rope_dim() != c.qk_rope_head_dim) {
-    return Status::InvalidArgument(
-        fn + "cache has " + std::to_string(cache->num_layers()) + " layers of [" +
-        std::to_string(cache->kv_lora_rank()) + " + " + std::to_string(cache->rope_dim()) +
-        "] entries, the model (" + c.source + ") " + std::to_string(c.num_hidden_layers) +
-        " layers of [kv_lora_rank " + std::to_string(c.kv_lora_rank) + " + qk_rope_head_dim " +
-        std::to_string(c.qk_rope_head_dim) + "]: use MlaCache::create_for(config, ...)");
-  }
-  if (requests.empty()) return Status::InvalidArgument(fn + "no requests");
-  int const L = c.num_hidden_layers;
-  for (size_t i = 0; i < aux_layers.size(); ++i) {
-    if (aux_layers[i] >= L) {
-      return Status::InvalidArgument(fn + "aux_layers[" + std::to_string(i) +
-                                     "] = " + std::to_string(aux_layers[i]) +
-                                     " not in [kEmbedding -1, " + std::to_string(L) +
-                                     ") (-1 = embedding, i = output of layer i)");
-    }
-  }
-  LayerSetError const le = layer_set_error(aux_layers);
-  if (le != LayerSetError::kOk) {
-    return Status::InvalidArgument(fn + "aux_layers " + format_layers(aux_layers) +
-                                   (le == LayerSetError::kDuplicate
-                                        ? " lists a layer twice"
-                                        : " has an id below kEmbedding -1") +
-                                   " (-1 = embedding, i = output of layer i, each once)");
-  }
-  int64_t const V = c.vocab_size;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    if (tokens[t] < 0 || tokens[t] >= V) {
-      return Status::InvalidArgument(fn + "tokens[" + std::to_string(t) +
-                                     "] = " + std::to_string(tokens[t]) +
-                                     " not in [0, vocab_size " + std::to_string(V) + ")");
-    }
-  }
-  std::vector<CpuSegment> segs(requests.size());
-  std::vector<int64_t> slots(requests.size());
-  std::vector<int64_t> positions(tokens.size());
-  int64_t first = 0;
-  for (size_t b = 0; b < requests.size(); ++b) {
-    std::string const rb = "requests[" + std::to_string(b) + "] = " + std::to_string(requests[b]);
-    if (!cache->has_request(requests[b])) {
-      return Status::InvalidArgument(fn + rb +
-                                     ": unknown request (MlaCache::add_request it first)");
-    }
-    for (size_t k = 0; k < b; ++k) {
-      if (requests[k] == requests[b]) {
-        return Status::InvalidArgument(fn + rb + " repeats requests[" + std::to_string(k) +
-                                       "]: one entry per request");
-      }
-    }
-    CpuSegment& s = segs[b];
-    s.id = requests[b];
-    s.first = first;
-    s.count = counts[b];
-    SPECDEC_RETURN_IF_ERROR(cache->length(s.id, &s.base));
-    if (!masks.empty()) {
-      s.mask = masks.data() + first * words;
-      s.words = words;
-    }
-    for (int64_t i = 0; i < s.count; ++i) {
-      int64_t const t = first + i;
-      positions[t] = given_positions.empty() ? s.base + i : given_positions[t];
-      if (positions[t] < 0 || positions[t] >= c.max_position_embeddings) {
-        return Status::InvalidArgument(fn + rb + ": token " + std::to_string(i) + " at position " +
-                                       std::to_string(positions[t]) +
-                                       " not within [0, max_position_embeddings " +
-                                       std::to_string(c.max_position_embeddings) + ")");
-      }
-    }
-    slots[b] = s.base + s.count;
-    first += s.count;
-  }
-  SPECDEC_RETURN_IF_ERROR(cpu_rewrap(cache->reserve(requests, slots), fn));
-  for (CpuSegment& s : segs) {
-    std::span<int32_t const> pages;
-    SPECDEC_RETURN_IF_ERROR(cache->pages(s.id, &pages));
-    int64_t const ps = cache->page_size();
-    s.rows.resize(static_cast<size_t>(s.base + s.count));
-    for (int64_t u = 0; u < s.base + s.count; ++u) {
-      s.rows[static_cast<size_t>(u)] = int64_t{pages[static_cast<size_t>(u / ps)]} * ps + u % ps;
-    }
-  }
-  return cpu_forward(m, cache, segs, tokens, positions, aux_layers, logits, aux);
-}
-
-// Checks request b's verify rows [N, words] (the top of this file) and positions [N] against
-// the request's length.
-inline Status check_tree_rows(std::string const& fn, int b, int N, int words, uint32_t const* mask,
-                              int32_t const* positions, int64_t length) {
-  auto bit = [&](int i, int j) { return ((mask[i * words + (j >> 5)] >> (j & 31)) & 1u) != 0; };
-  std::string const rb = "request " + std::to_string(b) + ": mask row ";
-  for (int i = 0; i < N; ++i) {
-    uint32_t const* row = mask + i * words;
-    if (!bit(i, i)) {
-      return Status::MalformedInput(fn + rb + std::to_string(i) + " lacks bit " +
-                                    std::to_string(i) +
-                                    " (rows are ancestor-OR-SELF sets, as tree_build writes them)");
-    }
-    for (int wd = 0; wd < words; ++wd) {
-      uint32_t above = row[wd];
-      int const lo = 32 * wd;
-      if (i + 1 > lo) above = (i + 1 - lo) >= 32 ? 0u : above & ~((1u << (i + 1 - lo)) - 1u);
-      if (above != 0) {
-        return Status::MalformedInput(fn + rb + std::to_string(i) + " sets bit " +
-                                      std::to_string(lo + std::countr_zero(above)) + " > " +
-                                      std::to_string(i) +
-                                      ": ancestors precede their node (parents[i] < i)");
-      }
-    }
-    int depth = 0;
-    for (int wd = 0; wd < words; ++wd) depth += std::popcount(row[wd]);
-    depth -= 1;
-    if (i > 0) {
-      int parent = -1;
-      for (int j = i - 1; j >= 0 && parent < 0; --j) {
-        if (bit(i, j)) parent = j;
-      }
-      bool same = parent >= 0;
-      for (int wd = 0; same && wd < words; ++wd) {
-        uint32_t const self = (wd == (i >> 5)) ? (1u << (i & 31)) : 0u;
-        same = row[wd] == (mask[parent * words + wd] | self);
-      }
-      if (!same) {
-        return Status::MalformedInput(
-            fn + rb + std::to_string(i) + " is not the row of its parent (" +
-            (parent < 0 ? std::string("none: bit 0, the root, is missing")
-                        : "node " + std::to_string(parent) + ", its highest other bit") +
-            ") plus itself: not the ancestor set of a tree over the N nodes");
-      }
-    }
-    if (positions[i] != length + depth) {
-      return Status::InvalidArgument(fn + "request " + std::to_string(b) + ": positions[" +
-                                     std::to_string(i) + "] = " + std::to_string(positions[i]) +
-                                     ", but the cached length " + std::to_string(length) +
-                                     " + depth " + std::to_string(depth) +
-                                     " (from the mask row) = " + std::to_string(length + depth) +
-                                     " (tree_build's prefix_len must be the length)");
-    }
-  }
-  return Status::Ok();
-}
-
 template <class Fn>
 Status cpu_guard(std::string const& fn, Fn&& f) {
   try {
@@ -606,6 +435,30 @@ Status cpu_guard(std::string const& fn, Fn&& f) {
   } catch (std::exception const& e) {
     return Status::Internal(fn + e.what());
   }
+}
+
+// The forward of a planned batch, then the cache bookkeeping.
+inline Status cpu_run(KimiCpuModel const& m, MlaCache* cache,
+                      ForwardPlan const& plan, std::span<int const> aux_layers,
+                      std::vector<float>* logits, std::vector<float>* aux) {
+  SPECDEC_RETURN_IF_ERROR(cpu_forward(m, cache, plan.segments, plan.tokens, plan.positions,
+                                      aux_layers, logits, aux));
+  return finish_forward(cache, plan);
+}
+
+// The model is loaded and the outputs are there.
+inline Status cpu_check(std::string const& fn, KimiCpuModel const& m,
+                        std::span<int const> aux_layers, std::vector<float> const* logits,
+                        std::vector<float> const* aux) {
+  if (logits == nullptr) return Status::InvalidArgument(fn + "logits is null");
+  if (!aux_layers.empty() && aux == nullptr) {
+    return Status::InvalidArgument(fn + "aux is null but " + std::to_string(aux_layers.size()) +
+                                   " aux_layers were requested");
+  }
+  if (static_cast<int>(m.layers.size()) != m.config.num_hidden_layers || m.inv_freq.empty()) {
+    return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cpu_model)");
+  }
+  return Status::Ok();
 }
 
 }  // namespace detail
@@ -619,32 +472,11 @@ inline Status kimi_prefill(CpuExecutor, KimiCpuModel const& model, MlaCache* cac
                            std::vector<float>* logits, std::vector<float>* aux) {
   std::string const fn = "kimi_prefill (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    if (counts.size() != requests.size()) {
-      return Status::InvalidArgument(fn + std::to_string(requests.size()) + " requests but " +
-                                     std::to_string(counts.size()) + " counts");
-    }
-    std::vector<int64_t> n(counts.size());
-    int64_t total = 0;
-    for (size_t b = 0; b < counts.size(); ++b) {
-      if (counts[b] < 1) {
-        return Status::InvalidArgument(fn + "counts[" + std::to_string(b) +
-                                       "] = " + std::to_string(counts[b]) +
-                                       " < 1: every request in a "
-                                       "prefill batch needs a token");
-      }
-      n[b] = counts[b];
-      total += counts[b];
-    }
-    if (total != static_cast<int64_t>(tokens.size())) {
-      return Status::InvalidArgument(fn + "counts add up to " + std::to_string(total) +
-                                     " tokens, tokens has " + std::to_string(tokens.size()));
-    }
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(
-        detail::cpu_run(fn, model, cache, requests, n, tokens, {}, {}, 0, aux_layers, logits, aux));
-    for (size_t b = 0; b < requests.size(); ++b) {
-      SPECDEC_RETURN_IF_ERROR(cache->append(requests[b], n[b]));
-    }
-    return Status::Ok();
+        plan_prefill(fn, model.config, cache, requests, counts, tokens, aux_layers, &plan));
+    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
   });
 }
 
@@ -656,15 +488,10 @@ inline Status kimi_decode(CpuExecutor, KimiCpuModel const& model, MlaCache* cach
                           std::vector<float>* aux) {
   std::string const fn = "kimi_decode (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    if (tokens.size() != requests.size()) {
-      return Status::InvalidArgument(fn + std::to_string(requests.size()) + " requests but " +
-                                     std::to_string(tokens.size()) + " tokens (one each)");
-    }
-    std::vector<int64_t> const n(requests.size(), 1);
-    SPECDEC_RETURN_IF_ERROR(
-        detail::cpu_run(fn, model, cache, requests, n, tokens, {}, {}, 0, aux_layers, logits, aux));
-    for (RequestId id : requests) SPECDEC_RETURN_IF_ERROR(cache->append(id, 1));
-    return Status::Ok();
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    ForwardPlan plan;
+    SPECDEC_RETURN_IF_ERROR(plan_decode(fn, model.config, cache, requests, tokens, aux_layers, &plan));
+    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
   });
 }
 
@@ -679,35 +506,11 @@ inline Status kimi_verify(CpuExecutor, KimiCpuModel const& model, MlaCache* cach
                           std::vector<float>* logits, std::vector<float>* aux) {
   std::string const fn = "kimi_verify (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    if (nodes < 1)
-      return Status::InvalidArgument(fn + "nodes N = " + std::to_string(nodes) + " < 1");
-    if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
-    int const W = mask_words(nodes);
-    size_t const B = requests.size(), N = static_cast<size_t>(nodes);
-    if (tokens.size() != B * N || positions.size() != B * N || mask.size() != B * N * W) {
-      return Status::InvalidArgument(
-          fn + "for B = " + std::to_string(B) + " requests of N = " + std::to_string(N) +
-          " nodes: tokens has " + std::to_string(tokens.size()) + " (want B*N), positions " +
-          std::to_string(positions.size()) + " (want B*N), mask " + std::to_string(mask.size()) +
-          " words (want B*N*" + std::to_string(W) + ")");
-    }
-    for (size_t b = 0; b < B; ++b) {
-      if (!cache->has_request(requests[b])) {
-        return Status::InvalidArgument(fn + "requests[" + std::to_string(b) +
-                                       "] = " + std::to_string(requests[b]) +
-                                       ": unknown request (MlaCache::add_request it first)");
-      }
-      int64_t length = 0;
-      SPECDEC_RETURN_IF_ERROR(cache->length(requests[b], &length));
-      SPECDEC_RETURN_IF_ERROR(detail::check_tree_rows(fn, static_cast<int>(b), nodes, W,
-                                                      mask.data() + b * N * W,
-                                                      positions.data() + b * N, length));
-    }
-    std::vector<int64_t> const n(B, nodes);
-    SPECDEC_RETURN_IF_ERROR(detail::cpu_run(fn, model, cache, requests, n, tokens, positions, mask,
-                                            W, aux_layers, logits, aux));
-    for (RequestId id : requests) SPECDEC_RETURN_IF_ERROR(cache->stage(id, nodes));
-    return Status::Ok();
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    ForwardPlan plan;
+    SPECDEC_RETURN_IF_ERROR(plan_verify(fn, model.config, cache, requests, nodes, tokens,
+                                        positions, mask, aux_layers, &plan));
+    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
   });
 }
 

@@ -1,6 +1,8 @@
-// MlaCache: the paged MLA latent KV cache on the host (fp32), read and written by the CPU
-// executor's Kimi forward (model/kimi/forward_cpu.hpp): pages of page_size token slots handed to
-// requests from a free list, per-request page tables, lengths, truncation and release.
+// MlaCache: the paged MLA latent KV cache (fp32) of the Kimi forwards: pages of page_size token
+// slots handed to requests from a free list, per-request page tables, lengths, truncation and
+// release. The entries live on the host (create: the CPU executor, model/kimi/forward_cpu.hpp) or
+// in memory the caller owns (create_external: the CUDA executor's device buffer,
+// model/kimi/forward_cuda.cuh); the bookkeeping is the same host object either way.
 //
 // Entry (one token, one layer): W = kv_lora_rank + qk_rope_head_dim floats
 //   [ c_kv (kv_lora_rank values, AFTER kv_a_layernorm) | k_pe (qk_rope_head_dim values, RoPE'd at
@@ -52,6 +54,12 @@ class MlaCache {
   // [kv_lora_rank | rope_dim]; a request may hold at most max_pages_per_request pages.
   static Status create(int num_layers, int kv_lora_rank, int rope_dim, int page_size, int num_pages,
                        int max_pages_per_request, MlaCache* out) {
+    return create_impl(num_layers, kv_lora_rank, rope_dim, page_size, num_pages,
+                       max_pages_per_request, /*host=*/true, out);
+  }
+ private:
+  static Status create_impl(int num_layers, int kv_lora_rank, int rope_dim, int page_size,
+                            int num_pages, int max_pages_per_request, bool host, MlaCache* out) {
     auto bad = [](std::string m) { return Status::InvalidArgument("MlaCache::create: " + m); };
     if (out == nullptr) return bad("out is null");
     if (num_layers < 1) return bad("num_layers " + std::to_string(num_layers) + " < 1");
@@ -81,7 +89,7 @@ class MlaCache {
       c.num_pages_ = num_pages;
       c.max_pages_per_request_ = max_pages_per_request;
       c.layer_stride_ = stride;
-      c.data_.assign(static_cast<size_t>(stride * num_layers), 0.0f);
+      if (host) c.data_.assign(static_cast<size_t>(stride * num_layers), 0.0f);
       c.free_.reserve(static_cast<size_t>(num_pages));
       for (int p = num_pages - 1; p >= 0; --p) c.free_.push_back(p);  // pop_back gives page 0
       *out = std::move(c);
@@ -90,6 +98,29 @@ class MlaCache {
                               std::to_string(stride * num_layers * 4) + " bytes: " + e.what());
     }
     return Status::Ok();
+  }
+
+ public:
+  // The same bookkeeping over entries the caller owns (e.g. device memory): `entries` must hold
+  // floats_needed(...) floats and outlive the cache (and its copies, which share it); nothing is
+  // allocated for the entries.
+  static Status create_external(float* entries, int64_t entries_floats, int num_layers,
+                                int kv_lora_rank, int rope_dim, int page_size, int num_pages,
+                                int max_pages_per_request, MlaCache* out) {
+    if (entries == nullptr) return Status::InvalidArgument("MlaCache::create_external: entries is null");
+    int64_t const need = floats_needed(num_layers, kv_lora_rank, rope_dim, page_size, num_pages);
+    if (entries_floats < need) {
+      return Status::InvalidArgument("MlaCache::create_external: " + std::to_string(entries_floats) +
+                                     " floats given, the geometry needs " + std::to_string(need));
+    }
+    SPECDEC_RETURN_IF_ERROR(create_impl(num_layers, kv_lora_rank, rope_dim, page_size, num_pages,
+                                        max_pages_per_request, /*host=*/false, out));
+    out->external_ = entries;
+    return Status::Ok();
+  }
+  static int64_t floats_needed(int num_layers, int kv_lora_rank, int rope_dim, int page_size,
+                               int num_pages) {
+    return int64_t{num_layers} * num_pages * page_size * (int64_t{kv_lora_rank} + rope_dim);
   }
 
   // The cache for `config`'s model: num_hidden_layers layers, entries kv_lora_rank +
@@ -109,8 +140,12 @@ class MlaCache {
   int max_pages_per_request() const { return max_pages_per_request_; }
   int free_pages() const { return static_cast<int>(free_.size()); }
   int64_t layer_stride() const { return layer_stride_; }  // floats from layer l to l + 1
-  float* layer(int l) { return data_.data() + l * layer_stride_; }
-  float const* layer(int l) const { return data_.data() + l * layer_stride_; }
+  // Layer l's entries [num_pages * page_size, W] (device memory for an external cache).
+  float* layer(int l) { return entries() + l * layer_stride_; }
+  float const* layer(int l) const { return entries() + l * layer_stride_; }
+  float* entries() { return external_ ? external_ : data_.data(); }
+  float const* entries() const { return external_ ? external_ : data_.data(); }
+  bool external() const { return external_ != nullptr; }
 
   bool has_request(RequestId id) const { return requests_.count(id) != 0; }
   int num_requests() const { return static_cast<int>(requests_.size()); }
@@ -328,7 +363,7 @@ class MlaCache {
     *page_table = std::move(table);
     *prefix_len = std::move(lengths);
     *p = ops::KvCommitParams{};
-    p->cache = data_.data();
+    p->cache = entries();
     p->layer_stride_bytes = layer_stride_ * static_cast<int64_t>(sizeof(float));
     p->num_layers = num_layers_;
     p->width = width();
@@ -370,7 +405,8 @@ class MlaCache {
   int num_pages_ = 0;
   int max_pages_per_request_ = 0;
   int64_t layer_stride_ = 0;
-  std::vector<float> data_;    // [L][num_pages, page_size, W]
+  std::vector<float> data_;    // [L][num_pages, page_size, W] (host entries)
+  float* external_ = nullptr;  // the caller's entries (create_external), shared by copies
   std::vector<int32_t> free_;  // free pages, decreasing (pop_back = lowest)
   std::map<RequestId, Request> requests_;
 };
