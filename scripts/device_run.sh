@@ -54,6 +54,7 @@ if wants parity; then
          --out "$logs/parity$suffix" > "$logs/parity$suffix.log" 2>&1; then
       cp "$logs/parity$suffix/hf_parity_fixture$suffix.json" "$OUT/"
       echo "--- parity ($mode): fixture written" >> "$summary"
+      grep "specdec cuda vs" "$logs/parity$suffix.log" >> "$summary"
     else
       { echo "--- parity ($mode) FAILED"; tail -20 "$logs/parity$suffix.log"; } >> "$summary"; status=1
     fi

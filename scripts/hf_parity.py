@@ -146,6 +146,24 @@ def greedy(torch, model, input_ids, n):
     return out
 
 
+def report_cuda_executor(specdec_kimi, ckpt_dir, input_list, fixture):
+    """Our CUDA executor's greedy tokens on the same checkpoint, against transformers' (printed,
+    never written to the fixture: a fixture holds only what transformers computed). The CUDA
+    executor rounds GEMM activations to bf16, so it is expected to track the fp32 tokens up to a
+    near-tie, as the bf16 transformers run does."""
+    cmd = [specdec_kimi, "generate", "--model-path", ckpt_dir, "--device", "cuda", "--json",
+           "--ignore-eos", "--max-new-tokens", str(NUM_GREEDY),
+           "--input-ids", ",".join(str(v) for v in input_list)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail("%s failed (%d): %s" % (" ".join(cmd[:4]), r.returncode, r.stderr.strip()))
+    ours = json.loads(r.stdout)["output_ids"]
+    for name, theirs in fixture["greedy_tokens"].items():
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        print("specdec cuda vs transformers %s greedy: first %d of %d tokens identical"
+              % (name, first, NUM_GREEDY), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specdec-kimi", required=True, help="path of the specdec-kimi binary")
@@ -240,6 +258,8 @@ def main():
                                           fixture["greedy_tokens"]["bfloat16"]))
         print("wrote %s (fp32 vs bf16 greedy agree at %d of %d)" % (path, same, NUM_GREEDY))
     print("commit it as tests/fixtures/hf_parity_tiny%s.json" % suffix)
+    if device == "cuda":
+        report_cuda_executor(args.specdec_kimi, ckpt_dir, input_list, fixture)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 //       count and bytes, and whether the routed experts are INT4
 //   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N [--temperature T]
 //                         [--seed S] [--device cpu|cuda] [--ignore-eos] [--page-size P] [--json]
-//       plain decoding (no speculation) on the CPU executor; --json prints one object with
+//       plain decoding (no speculation) on the CPU or the CUDA executor (GPU 0; this binary is
+//       compiled as CUDA where the build has CUDA); --json prints one object with
 //       output_ids, tokens_per_s (output tokens / wall time of prefill + decode) and the timings
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
@@ -30,6 +31,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if defined(__CUDACC__)
+#include "specdec/core/cuda.cuh"
+#include "specdec/model/kimi/forward_cuda.cuh"
+#endif
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
@@ -211,19 +216,35 @@ int generate(int argc, char** argv) {
   if (input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
   if (!have_max) fail_usage("generate needs --max-new-tokens N");
   if (device != "cpu" && device != "cuda") fail_usage("--device " + device + ": use cpu or cuda");
+#if defined(__CUDACC__)
+  if (device == "cuda" && !specdec::cuda_device_available()) {
+    return finish(Status::Unsupported("--device cuda: no CUDA device is visible; use --device cpu"));
+  }
+#else
   if (device == "cuda") {
     return finish(Status::Unsupported(
-        "--device cuda: the CUDA executor's Kimi forward is not built yet; use --device cpu"));
+        "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
   }
+#endif
   std::vector<int32_t> const ids = id_list("--input-ids", input);
   LoadedCheckpoint m;
   Status s = load_checkpoint(path, &m);
   if (!s.ok()) return finish(s);
-  specdec::model::kimi::KimiCpuModel model;
-  s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &model);
-  if (!s.ok()) return finish(s);
   specdec::model::kimi::GenerateResult r;
-  s = specdec::model::kimi::kimi_generate(specdec::CpuExecutor{}, model, m.config, ids, o, &r);
+  if (device == "cpu") {
+    specdec::model::kimi::KimiCpuModel model;
+    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &model);
+    if (!s.ok()) return finish(s);
+    s = specdec::model::kimi::kimi_generate(specdec::CpuExecutor{}, model, m.config, ids, o, &r);
+  }
+#if defined(__CUDACC__)
+  if (device == "cuda") {
+    specdec::model::kimi::KimiCudaModel model;
+    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &model);
+    if (!s.ok()) return finish(s);
+    s = specdec::model::kimi::kimi_generate(specdec::CudaExecutor{}, model, ids, o, &r);
+  }
+#endif
   if (!s.ok()) return finish(s);
   nlohmann::json const j = {{"output_ids", r.output_ids},
                             {"finish_reason", r.stopped_at_eos ? "eos" : "length"},

@@ -23,6 +23,8 @@
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/draft_select/draft_select.hpp"
 #include "specdec/ops/kv_commit/kv_commit.hpp"
+#include "specdec/ops/mla_attention/mla_attention.hpp"
+#include "specdec/ops/moe_experts/moe_experts.hpp"
 #include "specdec/ops/moe_route/moe_route.hpp"
 #include "specdec/ops/ngram_lookup/ngram_lookup.hpp"
 #include "specdec/ops/sample/sample.hpp"

@@ -1,12 +1,21 @@
 // Test support: the tiny random Kimi / DeepseekV3 checkpoint written to a folder and loaded back
-// (config, safetensors, weights), as `specdec-kimi init-random --preset tiny` writes it (1 shard).
+// (config, safetensors, weights), as `specdec-kimi init-random --preset tiny` writes it (1 shard),
+// and what the forward tests compare with (MaxDiff, random_tokens).
 // doctest REQUIREs stop the calling test on any failure.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <random>
+#include <vector>
+#include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/safetensors.hpp"
@@ -22,15 +31,46 @@ struct TinyKimi {
 };
 
 // Writes the tiny preset (INT4 experts when `int4`, else bf16) with `seed` into `dir` and loads it.
-inline void load_tiny_kimi(std::filesystem::path const& dir, bool int4, uint64_t seed, TinyKimi* m) {
+// `patch`, when given, edits config.json before the load (the weights stay as written).
+inline void load_tiny_kimi(std::filesystem::path const& dir, bool int4, uint64_t seed, TinyKimi* m,
+                           std::function<void(nlohmann::json&)> const& patch = {}) {
   Status s = model::kimi::write_random_preset(dir.string(), "tiny", seed, int4, /*shards=*/1);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
+  if (patch) {
+    std::filesystem::path const cfg = dir / "config.json";
+    std::ifstream in(cfg);
+    nlohmann::json j = nlohmann::json::parse(in);
+    in.close();
+    patch(j);
+    std::ofstream(cfg) << j.dump(2);
+  }
   s = io::load_config(dir, &m->config);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   s = io::SafetensorsCheckpoint::open(dir.string(), &m->ckpt);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   s = model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
+}
+
+// Largest |got - want| and |want| over the values compared (forward comparisons).
+struct MaxDiff {
+  double abs = 0.0, ref = 0.0;
+  void add(float const* got, float const* want, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      abs = std::max(abs, std::fabs(double(got[i]) - want[i]));
+      ref = std::max(ref, std::fabs(double(want[i])));
+    }
+  }
+  double rel() const { return ref > 0.0 ? abs / ref : abs; }
+};
+
+// n token ids uniform in [0, vocab).
+template <class Rng>
+std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = d(rng);
+  return t;
 }
 
 }  // namespace specdec::testing

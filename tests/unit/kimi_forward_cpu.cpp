@@ -33,6 +33,8 @@ using specdec::CpuExecutor;
 using specdec::Status;
 using specdec::StatusCode;
 using specdec::testing::load_tiny_kimi;
+using specdec::testing::MaxDiff;
+using specdec::testing::random_tokens;
 using specdec::testing::Rng;
 using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
@@ -75,18 +77,6 @@ void reference(Model const& md, std::vector<int32_t> const& tokens, std::vector<
   REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
-// Largest |got - want| and |want| over the compared values.
-struct MaxDiff {
-  double abs = 0.0, ref = 0.0;
-  void add(float const* got, float const* want, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      abs = std::max(abs, std::fabs(double(got[i]) - want[i]));
-      ref = std::max(ref, std::fabs(double(want[i])));
-    }
-  }
-  double rel() const { return ref > 0.0 ? abs / ref : abs; }
-};
-
 // Observed maxima over the whole file (reported by the last test case).
 MaxDiff g_logits, g_aux;
 
@@ -103,13 +93,6 @@ void compare_rows(std::vector<float> const& got, int64_t gr, std::vector<float> 
   REQUIRE(int64_t(want.size()) >= (wr + rows) * n);
   d->add(got.data() + gr * n, want.data() + wr * n, rows * n);
   global->add(got.data() + gr * n, want.data() + wr * n, rows * n);
-}
-
-std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab) {
-  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& v : t) v = d(rng);
-  return t;
 }
 
 using specdec::testing::check_error;

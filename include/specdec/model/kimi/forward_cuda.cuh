@@ -1,0 +1,818 @@
+// The CUDA executor's Kimi-K2.5 / DeepseekV3 forward: the same model, batches and cache
+// bookkeeping as the CPU executor (forward_cpu.hpp's top comment; the checks are forward_plan.hpp's,
+// shared), on one GPU.
+//   load_kimi_cuda_model(weights, config, &model)      device copy of the checkpoint (bf16 as
+//                                                       stored, INT4 experts packed as stored)
+//   KimiCudaCache::create_for(config, page_size, num_pages, max_pages_per_request, &cache)
+//                                                       MlaCache bookkeeping over device entries
+//   kimi_prefill / kimi_decode / kimi_verify(CudaExecutor{stream}, model, &cache.table, ...,
+//                                            aux_layers, &out)
+// Arguments are the CPU executor's (host spans); the outputs stay on the device:
+//   out.logits [T, V] fp32, out.aux [T, |aux_layers| * H] fp32 (device pointers into the model's
+//   scratch, valid until the model's next forward; copy_to_host copies them).
+// The host waits for the forward only to upload the batch's metadata (positions, cache rows,
+// page tables, masks); the math is queued on the stream.
+//
+// Per layer (T tokens; bf16 GEMMs are cuBLAS with fp32 accumulation and bf16 inputs, so the
+// activations entering a GEMM are rounded to bf16 as in a bf16 inference engine):
+//   xn = rms(x, input_layernorm) (fp32 -> bf16); q = xn q_proj^T or q_b(rms(xn q_a^T)) (fp32)
+//   kva = xn kv_a^T; cache row of each token = [rms(kva[:c], kv_a_layernorm) | rope(kva[c:])]
+//   qabs[t, h] = [q_nope_h W_UK_h (one strided-batched GEMM over heads) | rope(q_pe_h)]
+//   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (batched GEMM, bf16)
+//   x += o o_proj^T (the GEMM accumulates into x)
+//   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
+//   dense: x += down(silu(xn gate^T) * (xn up^T))
+//   MoE:   router logits = xn gate^T in fp32 (SGEMM on an fp32 copy of gate: expert choice must
+//          not hinge on bf16 rounding), ops::moe_route, ops::moe_experts (fp32 xn, bf16 or INT4
+//          experts) -> y; shared experts as dense into x; x += y
+// then logits = rms(x, norm) lm_head^T (fp32). aux: the residual stream x after the listed layers.
+// Versus the CPU executor (fp32 everywhere): logits agree to bf16 activation rounding (about 1e-2
+// relative at the tiny preset), greedy tokens where the top-2 gap exceeds that.
+//
+// Memory: the weights as stored (bf16 2 bytes / parameter, INT4 experts 0.5625), plus fp32 copies
+// of the routers and the scratch (grows with the largest batch seen). Kimi-K2.5 whole needs about
+// 600 GB: one GPU holds the tiny preset or a few layers; the multi-GPU split is separate work.
+//
+// Errors: everything forward_plan.hpp checks; a cache whose entries are not device memory; a
+// linear outside the routed experts stored as INT4 (the dense GEMMs are bf16); mixed bf16 / INT4
+// experts in one layer; CUDA and cuBLAS failures, named with the call.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/core/status.hpp"
+#include "specdec/io/hf_config.hpp"
+#include "specdec/model/kimi/forward_plan.hpp"
+#include "specdec/model/kimi/forward_reference.hpp"
+#include "specdec/model/kimi/layer_kernels.cuh"
+#include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/model/kimi/weights.hpp"
+#include "specdec/ops/mla_attention/mla_attention.hpp"
+#include "specdec/ops/moe_experts/moe_experts.hpp"
+#include "specdec/ops/moe_route/moe_route.hpp"
+
+namespace specdec::model::kimi {
+
+inline Status cublas_status(cublasStatus_t s, char const* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Status::CudaError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+struct CudaMlp {
+  uint16_t const* gate_proj = nullptr;  // bf16 [I, H]
+  uint16_t const* up_proj = nullptr;    // bf16 [I, H]
+  uint16_t const* down_proj = nullptr;  // bf16 [H, I]
+  int64_t inter = 0;
+};
+
+struct CudaLayer {
+  uint16_t const* input_layernorm = nullptr;           // [H]
+  uint16_t const* post_attention_layernorm = nullptr;  // [H]
+  bool q_lora = false;
+  uint16_t const* q_a_proj = nullptr;       // [ql, H]
+  uint16_t const* q_a_layernorm = nullptr;  // [ql]
+  uint16_t const* q_b_proj = nullptr;       // [nh*qk, ql]
+  uint16_t const* q_proj = nullptr;         // [nh*qk, H]
+  uint16_t const* kv_a_proj_with_mqa = nullptr;  // [c+r, H]
+  uint16_t const* kv_a_layernorm = nullptr;      // [c]
+  uint16_t const* kv_b_proj = nullptr;           // [nh*(dq+dv), c]
+  uint16_t const* o_proj = nullptr;              // [H, nh*dv]
+  bool moe = false;
+  CudaMlp mlp;                         // dense
+  float const* gate = nullptr;         // fp32 [E, H]       (moe)
+  float const* bias = nullptr;         // fp32 [E] or null  (moe)
+  bool has_shared_experts = false;
+  CudaMlp shared_experts;
+  ops::MoeExpertWeights experts;       // device pointer tables (moe)
+};
+
+// Device weights and the per-forward scratch of one model on one GPU. Move-only.
+class KimiCudaModel {
+ public:
+  io::DeepseekV3Config config;
+  std::vector<double> inv_freq;  // host copy of rope_inv_freq(config)
+  uint16_t const* embed_tokens = nullptr;  // bf16 [V, H]
+  uint16_t const* lm_head = nullptr;       // bf16 [V, H]
+  uint16_t const* norm = nullptr;          // bf16 [H]
+  double const* inv_freq_device = nullptr;  // [r/2]
+  std::vector<CudaLayer> layers;
+  uint64_t weight_bytes = 0;
+
+  KimiCudaModel() = default;
+  KimiCudaModel(KimiCudaModel&&) = default;
+  KimiCudaModel& operator=(KimiCudaModel&&) = default;
+
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  bool loaded() const { return cublas_ != nullptr; }
+
+  // Scratch of a forward over T tokens; grown, never shrunk.
+  struct Scratch {
+    float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *u, *router, *moe_y, *moe_w, *logits, *aux;
+    uint16_t *xn_bf, *q_bf, *qa_bf, *lat_bf, *o_bf, *h_bf;
+    int32_t* ids;
+    int32_t* meta;  // the batch's int32 metadata (forward_cuda's BatchMeta)
+    void* moe_workspace;
+    void* attention_workspace;
+  };
+
+ private:
+  struct CublasDeleter {
+    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+  };
+  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  DeviceBuffer<uint8_t> arena_;  // the weights
+  DeviceBuffer<uint8_t> scratch_arena_;
+  size_t scratch_bytes_ = 0;
+
+  friend Status load_kimi_cuda_model(KimiWeights const&, io::DeepseekV3Config const&,
+                                     KimiCudaModel*);
+  friend Status reserve_scratch(KimiCudaModel&, int64_t, int, int64_t, int64_t, Scratch*);
+};
+
+// The MLA cache of a CUDA model: MlaCache bookkeeping (table) over device entries. Move-only.
+struct KimiCudaCache {
+  DeviceBuffer<float> entries;
+  MlaCache table;
+
+  static Status create_for(io::DeepseekV3Config const& c, int page_size, int num_pages,
+                           int max_pages_per_request, KimiCudaCache* out) {
+    if (out == nullptr) return Status::InvalidArgument("KimiCudaCache::create_for: out is null");
+    int64_t const floats = MlaCache::floats_needed(c.num_hidden_layers, c.kv_lora_rank,
+                                                   c.qk_rope_head_dim, page_size, num_pages);
+    if (page_size < 1 || num_pages < 1 || floats <= 0) {
+      return Status::InvalidArgument("KimiCudaCache::create_for: page_size " +
+                                     std::to_string(page_size) + " and num_pages " +
+                                     std::to_string(num_pages) + " must be >= 1");
+    }
+    KimiCudaCache c2;
+    c2.entries = DeviceBuffer<float>(static_cast<size_t>(floats));
+    if (c2.entries.data() == nullptr) {
+      return Status::CudaError("KimiCudaCache::create_for: cudaMalloc of " +
+                               std::to_string(floats * 4) + " bytes of cache entries failed");
+    }
+    SPECDEC_CUDA_TRY(cudaMemset(c2.entries.data(), 0, static_cast<size_t>(floats) * 4));
+    SPECDEC_RETURN_IF_ERROR(MlaCache::create_external(
+        c2.entries.data(), floats, c.num_hidden_layers, c.kv_lora_rank, c.qk_rope_head_dim,
+        page_size, num_pages, max_pages_per_request, &c2.table));
+    *out = std::move(c2);
+    return Status::Ok();
+  }
+};
+
+// A forward's outputs, on the device (the model's scratch: valid until its next forward).
+struct CudaForwardOutput {
+  float const* logits = nullptr;  // [T, V]
+  float const* aux = nullptr;     // [T, |aux_layers| * H] or null
+  int64_t tokens = 0;
+  int64_t vocab = 0;
+  int64_t aux_width = 0;  // |aux_layers| * H
+};
+
+// Copies `count` floats from the device (e.g. out.logits) to *host, waiting for `stream`.
+inline Status copy_to_host(float const* device, int64_t count, cudaStream_t stream,
+                           std::vector<float>* host) {
+  host->resize(static_cast<size_t>(count));
+  if (count == 0) return Status::Ok();
+  SPECDEC_CUDA_TRY(cudaMemcpyAsync(host->data(), device, static_cast<size_t>(count) * 4,
+                                   cudaMemcpyDeviceToHost, stream));
+  return cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize (copy_to_host)");
+}
+
+namespace detail {
+
+// Bump allocator over one device allocation: first a sizing pass (base == nullptr), then the real.
+struct DeviceCarver {
+  uint8_t* base = nullptr;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t count) {
+    size_t const at = (used + 255) & ~size_t{255};
+    used = at + static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T);
+    return base ? reinterpret_cast<T*>(base + at) : nullptr;
+  }
+};
+
+inline Status cuda_model_rewrap(Status s, std::string const& fn) {
+  return s.ok() ? s : Status(s.code(), fn + s.message());
+}
+
+}  // namespace detail
+
+// Device copy of `weights` (bound for `config`): one allocation for all the tensors, routers also
+// as fp32, expert pointer tables for ops::moe_experts.
+inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
+                                   KimiCudaModel* out) {
+  std::string const fn = "load_kimi_cuda_model (" + c.source + "): ";
+  if (out == nullptr) return Status::InvalidArgument(fn + "out is null");
+  SPECDEC_RETURN_IF_ERROR(detail::check_router_supported(c, fn));
+  int const L = c.num_hidden_layers;
+  if (static_cast<int>(w.layers.size()) != L) {
+    return Status::InvalidArgument(fn + "weights have " + std::to_string(w.layers.size()) +
+                                   " layers, num_hidden_layers is " + std::to_string(L));
+  }
+  int64_t const H = c.hidden_size, E = c.n_routed_experts;
+  KimiCudaModel m;
+  m.config = c;
+  SPECDEC_RETURN_IF_ERROR(detail::cuda_model_rewrap(rope_inv_freq(c, &m.inv_freq), fn));
+
+  // Two passes over the same walk: sizing (carver.base null, nothing copied), then copying.
+  struct Pending {
+    void* dst;
+    void const* src;
+    size_t bytes;
+  };
+  std::vector<Pending> copies;
+  std::vector<std::vector<float>> floats_keep;  // fp32 conversions kept alive until copied
+  std::vector<std::vector<uintptr_t>> tables_keep;
+  detail::DeviceCarver carver;
+  auto bf16 = [&](TensorView const& v, std::string const& what, uint16_t const** dst) -> Status {
+    if (v.dtype != Dtype::kBF16) {
+      return Status::Unsupported(fn + what + " is " + std::string(dtype_name(v.dtype)) +
+                                 ": the CUDA executor reads bf16 tensors");
+    }
+    uint16_t* d = carver.take<uint16_t>(static_cast<int64_t>(v.bytes.size() / 2));
+    if (carver.base) copies.push_back({d, v.bytes.data(), v.bytes.size()});
+    *dst = d;
+    return Status::Ok();
+  };
+  auto linear = [&](LinearWeights const& lw, std::string const& what,
+                    uint16_t const** dst) -> Status {
+    if (lw.int4) {
+      return Status::Unsupported(fn + what + " is INT4; the CUDA executor reads INT4 only for the "
+                                 "routed experts (list the module in quantization_config.ignore)");
+    }
+    return bf16(lw.weight, what, dst);
+  };
+  auto f32 = [&](TensorView const& v, int64_t n, std::string const& what,
+                 float const** dst) -> Status {
+    std::vector<float> f;
+    SPECDEC_RETURN_IF_ERROR(detail::cuda_model_rewrap(detail::view_to_float(v, n, what, &f), fn));
+    float* d = carver.take<float>(n);
+    if (carver.base) {
+      floats_keep.push_back(std::move(f));
+      copies.push_back({d, floats_keep.back().data(), static_cast<size_t>(n) * 4});
+    }
+    *dst = d;
+    return Status::Ok();
+  };
+  auto mlp = [&](MlpWeights const& mw, int64_t inter, std::string const& p, CudaMlp* o) -> Status {
+    o->inter = inter;
+    SPECDEC_RETURN_IF_ERROR(linear(mw.gate_proj, p + ".gate_proj", &o->gate_proj));
+    SPECDEC_RETURN_IF_ERROR(linear(mw.up_proj, p + ".up_proj", &o->up_proj));
+    return linear(mw.down_proj, p + ".down_proj", &o->down_proj);
+  };
+  // A device array of E pointers (as T const* const*), filled from `ptrs` once the arena exists.
+  auto table = [&]<class T>(std::vector<uintptr_t> ptrs, T const* const** dst) -> void {
+    uintptr_t* d = carver.take<uintptr_t>(static_cast<int64_t>(ptrs.size()));
+    if (carver.base) {
+      tables_keep.push_back(std::move(ptrs));
+      copies.push_back({d, tables_keep.back().data(), tables_keep.back().size() * sizeof(uintptr_t)});
+    }
+    *dst = reinterpret_cast<T const* const*>(d);
+  };
+
+  auto walk = [&]() -> Status {
+    m.layers.assign(static_cast<size_t>(L), CudaLayer{});
+    SPECDEC_RETURN_IF_ERROR(bf16(w.embed_tokens, "embed_tokens", &m.embed_tokens));
+    SPECDEC_RETURN_IF_ERROR(bf16(w.lm_head, "lm_head", &m.lm_head));
+    SPECDEC_RETURN_IF_ERROR(bf16(w.norm, "norm", &m.norm));
+    double* inv = carver.take<double>(static_cast<int64_t>(m.inv_freq.size()));
+    if (carver.base) copies.push_back({inv, m.inv_freq.data(), m.inv_freq.size() * 8});
+    m.inv_freq_device = inv;
+    for (int li = 0; li < L; ++li) {
+      LayerWeights const& l = w.layers[static_cast<size_t>(li)];
+      CudaLayer& o = m.layers[static_cast<size_t>(li)];
+      std::string const p = "layers." + std::to_string(li) + ".";
+      std::string const a = p + "self_attn.";
+      if (l.moe != c.is_moe_layer(li) || l.q_lora != c.q_lora_rank.has_value()) {
+        return Status::InvalidArgument(fn + p + ": the weights' structure (MoE / q_lora) is not "
+                                       "the config's (weights not loaded for this config?)");
+      }
+      SPECDEC_RETURN_IF_ERROR(bf16(l.input_layernorm, p + "input_layernorm", &o.input_layernorm));
+      SPECDEC_RETURN_IF_ERROR(bf16(l.post_attention_layernorm, p + "post_attention_layernorm",
+                                   &o.post_attention_layernorm));
+      o.q_lora = l.q_lora;
+      if (l.q_lora) {
+        SPECDEC_RETURN_IF_ERROR(linear(l.q_a_proj, a + "q_a_proj", &o.q_a_proj));
+        SPECDEC_RETURN_IF_ERROR(bf16(l.q_a_layernorm, a + "q_a_layernorm", &o.q_a_layernorm));
+        SPECDEC_RETURN_IF_ERROR(linear(l.q_b_proj, a + "q_b_proj", &o.q_b_proj));
+      } else {
+        SPECDEC_RETURN_IF_ERROR(linear(l.q_proj, a + "q_proj", &o.q_proj));
+      }
+      SPECDEC_RETURN_IF_ERROR(
+          linear(l.kv_a_proj_with_mqa, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
+      SPECDEC_RETURN_IF_ERROR(bf16(l.kv_a_layernorm, a + "kv_a_layernorm", &o.kv_a_layernorm));
+      SPECDEC_RETURN_IF_ERROR(linear(l.kv_b_proj, a + "kv_b_proj", &o.kv_b_proj));
+      SPECDEC_RETURN_IF_ERROR(linear(l.o_proj, a + "o_proj", &o.o_proj));
+      o.moe = l.moe;
+      if (!l.moe) {
+        SPECDEC_RETURN_IF_ERROR(mlp(l.mlp, c.intermediate_size, p + "mlp", &o.mlp));
+        continue;
+      }
+      if (static_cast<int64_t>(l.experts.size()) != E) {
+        return Status::InvalidArgument(fn + p + "mlp.experts has " +
+                                       std::to_string(l.experts.size()) + " experts, config " +
+                                       std::to_string(E));
+      }
+      SPECDEC_RETURN_IF_ERROR(f32(l.gate, E * H, p + "mlp.gate.weight", &o.gate));
+      if (l.has_correction_bias) {
+        SPECDEC_RETURN_IF_ERROR(
+            f32(l.e_score_correction_bias, E, p + "mlp.gate.e_score_correction_bias", &o.bias));
+      }
+      o.has_shared_experts = l.has_shared_experts;
+      if (l.has_shared_experts) {
+        SPECDEC_RETURN_IF_ERROR(mlp(l.shared_experts,
+                                    int64_t{c.n_shared_experts} * c.moe_intermediate_size,
+                                    p + "mlp.shared_experts", &o.shared_experts));
+      }
+      bool const int4 = l.experts[0].gate_proj.int4;
+      o.experts = ops::MoeExpertWeights{};
+      o.experts.int4 = int4;
+      o.experts.group_size = int4 ? l.experts[0].gate_proj.group_size : 0;
+      std::vector<uintptr_t> t[6];
+      for (int64_t e = 0; e < E; ++e) {
+        MlpWeights const& x = l.experts[static_cast<size_t>(e)];
+        std::string const pe = p + "mlp.experts." + std::to_string(e);
+        LinearWeights const* lin[3] = {&x.gate_proj, &x.up_proj, &x.down_proj};
+        char const* names[3] = {".gate_proj", ".up_proj", ".down_proj"};
+        for (int k = 0; k < 3; ++k) {
+          if (lin[k]->int4 != int4 || (int4 && lin[k]->group_size != o.experts.group_size)) {
+            return Status::Unsupported(fn + pe + names[k] + " is " +
+                                       (lin[k]->int4 ? "INT4" : "bf16") + " but " + p +
+                                       "mlp.experts.0.gate_proj is " + (int4 ? "INT4" : "bf16") +
+                                       " (one format and group size per layer)");
+          }
+          if (int4) {
+            TensorView const& pk = lin[k]->weight_packed;
+            TensorView const& sc = lin[k]->weight_scale;
+            int32_t* dp = carver.take<int32_t>(static_cast<int64_t>(pk.bytes.size() / 4));
+            uint16_t* ds = carver.take<uint16_t>(static_cast<int64_t>(sc.bytes.size() / 2));
+            if (carver.base) {
+              copies.push_back({dp, pk.bytes.data(), pk.bytes.size()});
+              copies.push_back({ds, sc.bytes.data(), sc.bytes.size()});
+            }
+            t[2 * k].push_back(reinterpret_cast<uintptr_t>(dp));
+            t[2 * k + 1].push_back(reinterpret_cast<uintptr_t>(ds));
+          } else {
+            uint16_t const* d = nullptr;
+            SPECDEC_RETURN_IF_ERROR(bf16(lin[k]->weight, pe + names[k], &d));
+            t[2 * k].push_back(reinterpret_cast<uintptr_t>(d));
+          }
+        }
+      }
+      if (int4) {
+        table(t[0], &o.experts.gate_packed);
+        table(t[1], &o.experts.gate_scale);
+        table(t[2], &o.experts.up_packed);
+        table(t[3], &o.experts.up_scale);
+        table(t[4], &o.experts.down_packed);
+        table(t[5], &o.experts.down_scale);
+      } else {
+        table(t[0], &o.experts.gate);
+        table(t[2], &o.experts.up);
+        table(t[4], &o.experts.down);
+      }
+    }
+    return Status::Ok();
+  };
+  SPECDEC_RETURN_IF_ERROR(walk());  // sizing
+  m.arena_ = DeviceBuffer<uint8_t>(carver.used);
+  if (m.arena_.data() == nullptr) {
+    return Status::CudaError(fn + "cudaMalloc of " + std::to_string(carver.used) +
+                             " bytes of weights failed (does the model fit this GPU?)");
+  }
+  m.weight_bytes = carver.used;
+  carver = detail::DeviceCarver{m.arena_.data(), 0};
+  SPECDEC_RETURN_IF_ERROR(walk());  // the device addresses, and the copies to make
+  for (auto const& cp : copies) {
+    SPECDEC_CUDA_TRY(cudaMemcpy(cp.dst, cp.src, cp.bytes, cudaMemcpyHostToDevice));
+  }
+  cublasHandle_t h = nullptr;
+  SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
+  m.cublas_.reset(h);
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+// Makes *s point at scratch for T tokens, A aux layers, a batch of B requests with metadata of
+// `meta_ints` int32 values and an attention over at most max_slots slots.
+inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_ints,
+                              int64_t max_slots, KimiCudaModel::Scratch* s) {
+  io::DeepseekV3Config const& c = m.config;
+  int64_t const H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
+  int64_t const qk = c.qk_nope_head_dim + c.qk_rope_head_dim, ckv = c.kv_lora_rank;
+  int64_t const W = ckv + c.qk_rope_head_dim, dv = c.v_head_dim, E = c.n_routed_experts;
+  int64_t const ql = c.q_lora_rank.value_or(0), K = c.num_experts_per_tok;
+  int64_t const inter = std::max<int64_t>(
+      {c.intermediate_size, int64_t{c.n_shared_experts} * c.moe_intermediate_size, 1});
+  size_t const moe_ws = ops::moe_experts_workspace_bytes(
+      static_cast<int>(T), static_cast<int>(K), static_cast<int>(E), static_cast<int>(H),
+      c.moe_intermediate_size);
+  size_t const att_ws = ops::mla_attention_workspace_bytes(
+      static_cast<int>(T), static_cast<int>(nh), static_cast<int>(ckv), static_cast<int>(max_slots));
+  auto carve = [&](detail::DeviceCarver& cv) {
+    s->x = cv.take<float>(T * H);
+    s->xn = cv.take<float>(T * H);
+    s->q = cv.take<float>(T * nh * qk);
+    s->qa = cv.take<float>(T * ql);
+    s->kva = cv.take<float>(T * W);
+    s->qabs = cv.take<float>(T * nh * W);
+    s->lat = cv.take<float>(T * nh * ckv);
+    s->g = cv.take<float>(T * inter);
+    s->u = cv.take<float>(T * inter);
+    s->router = cv.take<float>(T * E);
+    s->moe_y = cv.take<float>(T * H);
+    s->moe_w = cv.take<float>(T * K);
+    s->logits = cv.take<float>(T * V);
+    s->aux = cv.take<float>(T * A * H);
+    s->xn_bf = cv.take<uint16_t>(T * H);
+    s->q_bf = cv.take<uint16_t>(T * nh * qk);
+    s->qa_bf = cv.take<uint16_t>(T * ql);
+    s->lat_bf = cv.take<uint16_t>(T * nh * ckv);
+    s->o_bf = cv.take<uint16_t>(T * nh * dv);
+    s->h_bf = cv.take<uint16_t>(T * inter);
+    s->ids = cv.take<int32_t>(T * K);
+    s->meta = cv.take<int32_t>(meta_ints);
+    s->moe_workspace = cv.take<uint8_t>(static_cast<int64_t>(moe_ws));
+    s->attention_workspace = cv.take<uint8_t>(static_cast<int64_t>(att_ws));
+  };
+  detail::DeviceCarver sizing;
+  carve(sizing);
+  if (sizing.used > m.scratch_bytes_) {
+    size_t const grow = std::max(sizing.used, m.scratch_bytes_ + m.scratch_bytes_ / 2);
+    m.scratch_arena_ = DeviceBuffer<uint8_t>();
+    m.scratch_arena_ = DeviceBuffer<uint8_t>(grow);
+    if (m.scratch_arena_.data() == nullptr) {
+      m.scratch_bytes_ = 0;
+      return Status::CudaError("kimi forward (cuda): cudaMalloc of " + std::to_string(grow) +
+                               " bytes of scratch failed");
+    }
+    m.scratch_bytes_ = grow;
+  }
+  detail::DeviceCarver real{m.scratch_arena_.data(), 0};
+  carve(real);
+  return Status::Ok();
+}
+
+namespace detail {
+
+// Y [T, out] (row stride ldy, fp32 or bf16) = X [T, in] (bf16, row stride ldx) W^T, W bf16
+// [out, in]; beta 1 accumulates into an fp32 Y.
+inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, uint16_t const* X,
+                        int64_t ldx, uint16_t const* Wt, void* Y, cudaDataType_t ytype,
+                        int64_t ldy, float beta, char const* what) {
+  if (T == 0) return Status::Ok();
+  float const alpha = 1.0f;
+  return cublas_status(
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(T),
+                   static_cast<int>(in), &alpha, Wt, CUDA_R_16BF, static_cast<int>(in), X,
+                   CUDA_R_16BF, static_cast<int>(ldx), &beta, Y, ytype, static_cast<int>(ldy),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      what);
+}
+
+// The batch's int32 metadata, laid out in one upload.
+struct BatchMeta {
+  std::vector<int32_t> host;
+  int64_t tokens = 0, positions = 0, rows = 0, token_request = 0, token_index = 0, base = 0,
+          page_table = 0, mask = 0;
+  int max_pages = 0;
+  int words = 0;           // mask words per token (verify)
+  int64_t max_slots = 1;   // largest base + count: the attention's slot bound
+};
+
+inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMeta* m) {
+  int64_t const T = plan.num_tokens(), B = static_cast<int64_t>(plan.segments.size());
+  int max_pages = 1;
+  for (ForwardSegment const& s : plan.segments) {
+    std::span<int32_t const> pages;
+    SPECDEC_RETURN_IF_ERROR(cache.pages(s.id, &pages));
+    max_pages = std::max(max_pages, static_cast<int>(pages.size()));
+    m->max_slots = std::max(m->max_slots, s.base + s.count);
+  }
+  if (int64_t{cache.num_pages()} * cache.page_size() > (int64_t{1} << 31) - 1) {
+    return Status::Unsupported("kimi forward (cuda): " + std::to_string(cache.num_pages()) +
+                               " pages x " + std::to_string(cache.page_size()) +
+                               " slots exceed the int32 cache rows");
+  }
+  m->max_pages = max_pages;
+  m->words = plan.words;
+  int64_t at = 0;
+  auto region = [&](int64_t n) { int64_t const r = at; at += n; return r; };
+  m->tokens = region(T);
+  m->positions = region(T);
+  m->rows = region(T);
+  m->token_request = region(T);
+  m->token_index = region(T);
+  m->base = region(B);
+  m->page_table = region(B * max_pages);
+  m->mask = region(static_cast<int64_t>(plan.mask.size()));
+  m->host.assign(static_cast<size_t>(at), -1);
+  int32_t* h = m->host.data();
+  for (int64_t b = 0; b < B; ++b) {
+    ForwardSegment const& s = plan.segments[static_cast<size_t>(b)];
+    std::span<int32_t const> pages;
+    SPECDEC_RETURN_IF_ERROR(cache.pages(s.id, &pages));
+    std::copy(pages.begin(), pages.end(), h + m->page_table + b * max_pages);
+    h[m->base + b] = static_cast<int32_t>(s.base);
+    for (int64_t i = 0; i < s.count; ++i) {
+      int64_t const t = s.first + i;
+      h[m->tokens + t] = plan.tokens[static_cast<size_t>(t)];
+      h[m->positions + t] = static_cast<int32_t>(plan.positions[static_cast<size_t>(t)]);
+      h[m->rows + t] = static_cast<int32_t>(s.rows[static_cast<size_t>(s.base + i)]);
+      h[m->token_request + t] = static_cast<int32_t>(b);
+      h[m->token_index + t] = static_cast<int32_t>(i);
+    }
+  }
+  std::copy(plan.mask.begin(), plan.mask.end(), reinterpret_cast<uint32_t*>(h + m->mask));
+  return Status::Ok();
+}
+
+// x += down(silu(xn gate^T) * (xn up^T)) over T tokens.
+inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
+                          KimiCudaModel::Scratch const& s, cudaStream_t stream) {
+  int64_t const H = m.config.hidden_size, I = w.inter;
+  cublasHandle_t const h = m.cublas();
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, I, H, s.xn_bf, H, w.gate_proj, s.g, CUDA_R_32F, I, 0.0f,
+                                    "gemm gate_proj"));
+  SPECDEC_RETURN_IF_ERROR(
+      gemm_bf16(h, T, I, H, s.xn_bf, H, w.up_proj, s.u, CUDA_R_32F, I, 0.0f, "gemm up_proj"));
+  SPECDEC_RETURN_IF_ERROR(cuda::silu_mul_bf16(s.g, s.u, T * I, s.h_bf, stream));
+  return gemm_bf16(h, T, H, I, s.h_bf, I, w.down_proj, s.x, CUDA_R_32F, H, 1.0f, "gemm down_proj");
+}
+
+inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, BatchMeta const& bm,
+                             int32_t const* meta, int64_t T, int64_t B, bool tree,
+                             KimiCudaModel::Scratch const& s, cudaStream_t stream) {
+  io::DeepseekV3Config const& c = m.config;
+  CudaLayer const& l = m.layers[static_cast<size_t>(li)];
+  int64_t const H = c.hidden_size, nh = c.num_attention_heads, dq = c.qk_nope_head_dim;
+  int64_t const r = c.qk_rope_head_dim, dv = c.v_head_dim, ckv = c.kv_lora_rank;
+  int64_t const qk = dq + r, W = ckv + r;
+  double const eps = c.rms_norm_eps;
+  cublasHandle_t const h = m.cublas();
+  if (l.q_lora) {
+    int64_t const ql = *c.q_lora_rank;
+    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, ql, H, s.xn_bf, H, l.q_a_proj, s.qa, CUDA_R_32F, ql,
+                                      0.0f, "gemm q_a_proj"));
+    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.qa, ql, l.q_a_layernorm, T, static_cast<int>(ql),
+                                                eps, nullptr, 0, nullptr, s.qa_bf, ql, stream));
+    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, nh * qk, ql, s.qa_bf, ql, l.q_b_proj, s.q, CUDA_R_32F,
+                                      nh * qk, 0.0f, "gemm q_b_proj"));
+  } else {
+    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, nh * qk, H, s.xn_bf, H, l.q_proj, s.q, CUDA_R_32F,
+                                      nh * qk, 0.0f, "gemm q_proj"));
+  }
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, W, H, s.xn_bf, H, l.kv_a_proj_with_mqa, s.kva,
+                                    CUDA_R_32F, W, 0.0f, "gemm kv_a_proj_with_mqa"));
+  // The tokens' cache entries: [rms(c_kv) | rope(k_pe)] at their rows of this layer.
+  float* layer = cache->layer(li);
+  int32_t const* rows = meta + bm.rows;
+  int32_t const* positions = meta + bm.positions;
+  SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.kva, W, l.kv_a_layernorm, T, static_cast<int>(ckv),
+                                              eps, layer, W, rows, nullptr, 0, stream));
+  cuda::RopeRows rope;
+  rope.in = s.kva + ckv;
+  rope.in_token_stride = W;
+  rope.out = layer + ckv;
+  rope.out_token_stride = W;
+  rope.out_rows = rows;
+  rope.tokens = T;
+  rope.heads = 1;
+  rope.pairs = static_cast<int>(r / 2);
+  rope.positions = positions;
+  rope.inv_freq = m.inv_freq_device;
+  rope.cos_sin_scale = c.rope_cos_sin_scale();
+  SPECDEC_RETURN_IF_ERROR(cuda::rope_rows(rope, stream));
+  // Absorbed queries: qabs[t, h] = [q_nope_h W_UK_h | rope(q_pe_h)].
+  rope.in = s.q + dq;
+  rope.in_token_stride = nh * qk;
+  rope.in_head_stride = qk;
+  rope.out = s.qabs + ckv;
+  rope.out_token_stride = nh * W;
+  rope.out_head_stride = W;
+  rope.out_rows = nullptr;
+  rope.heads = static_cast<int>(nh);
+  SPECDEC_RETURN_IF_ERROR(cuda::rope_rows(rope, stream));
+  SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.q, T * nh * qk, s.q_bf, stream));
+  float const one = 1.0f, zero = 0.0f;
+  // Column-major view, per head h: qabs_h^T [c, T] = W_UK_h^T [c, dq] q_nope_h^T [dq, T].
+  SPECDEC_RETURN_IF_ERROR(cublas_status(
+      cublasGemmStridedBatchedEx(
+          h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(ckv), static_cast<int>(T),
+          static_cast<int>(dq), &one, l.kv_b_proj, CUDA_R_16BF, static_cast<int>(ckv),
+          (dq + dv) * ckv, s.q_bf, CUDA_R_16BF, static_cast<int>(nh * qk), qk, &zero, s.qabs,
+          CUDA_R_32F, static_cast<int>(nh * W), W, static_cast<int>(nh), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT),
+      "gemm absorbed q (W_UK)"));
+  ops::MlaAttentionParams ap;
+  ap.q = s.qabs;
+  ap.cache = layer;
+  ap.tokens = static_cast<int>(T);
+  ap.heads = static_cast<int>(nh);
+  ap.kv_lora_rank = static_cast<int>(ckv);
+  ap.rope_dim = static_cast<int>(r);
+  ap.scale = static_cast<float>(c.softmax_scale());
+  ap.token_request = meta + bm.token_request;
+  ap.token_index = meta + bm.token_index;
+  ap.batch = static_cast<int>(B);
+  ap.base = meta + bm.base;
+  ap.page_table = meta + bm.page_table;
+  ap.max_pages = bm.max_pages;
+  ap.page_size = cache->page_size();
+  ap.num_pages = cache->num_pages();
+  ap.mask = tree ? reinterpret_cast<uint32_t const*>(meta + bm.mask) : nullptr;
+  ap.words = tree ? bm.words : 0;
+  ap.max_slots = static_cast<int>(bm.max_slots);
+  ap.out = s.lat;
+  ap.workspace = s.attention_workspace;
+  ap.workspace_bytes = ops::mla_attention_workspace_bytes(ap.tokens, ap.heads, ap.kv_lora_rank,
+                                                          ap.max_slots);
+  SPECDEC_RETURN_IF_ERROR(ops::mla_attention(CudaExecutor{stream}, ap));
+  SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.lat, T * nh * ckv, s.lat_bf, stream));
+  // Per head h: o_h^T [dv, T] = W_UV_h [dv, c] lat_h^T [c, T] (bf16 out).
+  SPECDEC_RETURN_IF_ERROR(cublas_status(
+      cublasGemmStridedBatchedEx(
+          h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(dv), static_cast<int>(T),
+          static_cast<int>(ckv), &one, l.kv_b_proj + dq * ckv, CUDA_R_16BF,
+          static_cast<int>(ckv), (dq + dv) * ckv, s.lat_bf, CUDA_R_16BF,
+          static_cast<int>(nh * ckv), ckv, &zero, s.o_bf, CUDA_R_16BF, static_cast<int>(nh * dv),
+          dv, static_cast<int>(nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "gemm attention output (W_UV)"));
+  return gemm_bf16(h, T, H, nh * dv, s.o_bf, nh * dv, l.o_proj, s.x, CUDA_R_32F, H, 1.0f,
+                   "gemm o_proj");
+}
+
+inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel::Scratch const& s,
+                       cudaStream_t stream) {
+  io::DeepseekV3Config const& c = m.config;
+  CudaLayer const& l = m.layers[static_cast<size_t>(li)];
+  if (!l.moe) return cuda_swiglu(m, l.mlp, T, s, stream);
+  int64_t const H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  float const one = 1.0f, zero = 0.0f;
+  // Router logits [T, E] in fp32: column-major logits^T [E, T] = gate [E, H] xn^T.
+  SPECDEC_RETURN_IF_ERROR(cublas_status(
+      cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E), static_cast<int>(T),
+                  static_cast<int>(H), &one, l.gate, static_cast<int>(H), s.xn,
+                  static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
+      "sgemm router"));
+  ops::MoeRouteParams rp;
+  rp.logits = s.router;
+  rp.bias = l.bias;
+  rp.tokens = static_cast<int>(T);
+  rp.experts = static_cast<int>(E);
+  rp.n_group = c.n_group;
+  rp.topk_group = c.topk_group;
+  rp.top_k = static_cast<int>(K);
+  rp.norm = c.norm_topk_prob;
+  rp.scale = static_cast<float>(c.routed_scaling_factor);
+  rp.ids = s.ids;
+  rp.weights = s.moe_w;
+  SPECDEC_RETURN_IF_ERROR(ops::moe_route(CudaExecutor{stream}, rp));
+  ops::MoeExpertsParams ep;
+  ep.x = s.xn;
+  ep.ids = s.ids;
+  ep.weights = s.moe_w;
+  ep.tokens = static_cast<int>(T);
+  ep.hidden = static_cast<int>(H);
+  ep.inter = c.moe_intermediate_size;
+  ep.experts = static_cast<int>(E);
+  ep.top_k = static_cast<int>(K);
+  ep.w = l.experts;
+  ep.y = s.moe_y;
+  ep.workspace = s.moe_workspace;
+  ep.workspace_bytes =
+      ops::moe_experts_workspace_bytes(ep.tokens, ep.top_k, ep.experts, ep.hidden, ep.inter);
+  SPECDEC_RETURN_IF_ERROR(ops::moe_experts(CudaExecutor{stream}, ep));
+  if (l.has_shared_experts) SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, stream));
+  return cublas_status(cublasSaxpy(m.cublas(), static_cast<int>(T * H), &one, s.moe_y, 1, s.x, 1),
+                       "saxpy moe output");
+}
+
+inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
+                           std::span<int const> aux_layers, cudaStream_t stream,
+                           CudaForwardOutput* out) {
+  io::DeepseekV3Config const& c = m.config;
+  int64_t const T = plan.num_tokens(), H = c.hidden_size, V = c.vocab_size;
+  int64_t const B = static_cast<int64_t>(plan.segments.size());
+  int const A = static_cast<int>(aux_layers.size());
+  BatchMeta bm;
+  SPECDEC_RETURN_IF_ERROR(build_meta(*cache, plan, &bm));
+  KimiCudaModel::Scratch s{};
+  SPECDEC_RETURN_IF_ERROR(
+      reserve_scratch(m, T, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
+  SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
+                                   cudaMemcpyHostToDevice, stream));
+  SPECDEC_RETURN_IF_ERROR(cublas_status(cublasSetStream(m.cublas(), stream), "cublasSetStream"));
+  auto capture = [&](int id) -> Status {
+    for (int a = 0; a < A; ++a) {
+      if (aux_layers[static_cast<size_t>(a)] != id) continue;
+      SPECDEC_CUDA_TRY(cudaMemcpy2DAsync(s.aux + a * H, static_cast<size_t>(A * H) * 4, s.x,
+                                         static_cast<size_t>(H) * 4, static_cast<size_t>(H) * 4,
+                                         static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream));
+    }
+    return Status::Ok();
+  };
+  SPECDEC_RETURN_IF_ERROR(cuda::embed_rows(m.embed_tokens, s.meta + bm.tokens, T, H, s.x, stream));
+  SPECDEC_RETURN_IF_ERROR(capture(kEmbedding));
+  bool const tree = plan.kind == ForwardKind::kVerify;
+  for (int li = 0; li < c.num_hidden_layers; ++li) {
+    CudaLayer const& l = m.layers[static_cast<size_t>(li)];
+    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, l.input_layernorm, T, static_cast<int>(H),
+                                                c.rms_norm_eps, nullptr, 0, nullptr, s.xn_bf, H,
+                                                stream));
+    SPECDEC_RETURN_IF_ERROR(cuda_attention(m, li, cache, bm, s.meta, T, B, tree, s, stream));
+    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, l.post_attention_layernorm, T,
+                                                static_cast<int>(H), c.rms_norm_eps, s.xn, H,
+                                                nullptr, s.xn_bf, H, stream));
+    SPECDEC_RETURN_IF_ERROR(cuda_mlp(m, li, T, s, stream));
+    SPECDEC_RETURN_IF_ERROR(capture(li));
+  }
+  SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, m.norm, T, static_cast<int>(H),
+                                              c.rms_norm_eps, nullptr, 0, nullptr, s.xn_bf, H,
+                                              stream));
+  SPECDEC_RETURN_IF_ERROR(
+      gemm_bf16(m.cublas(), T, V, H, s.xn_bf, H, m.lm_head, s.logits, CUDA_R_32F, V, 0.0f, "gemm lm_head"));
+  out->logits = s.logits;
+  out->aux = A > 0 ? s.aux : nullptr;
+  out->tokens = T;
+  out->vocab = V;
+  out->aux_width = A * H;
+  return Status::Ok();
+}
+
+inline Status cuda_check(std::string const& fn, KimiCudaModel const& m, MlaCache const* cache,
+                         CudaForwardOutput const* out) {
+  if (out == nullptr) return Status::InvalidArgument(fn + "out is null");
+  if (!m.loaded()) return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cuda_model)");
+  if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
+  cudaPointerAttributes attr{};
+  if (!cache->external() || cudaPointerGetAttributes(&attr, cache->entries()) != cudaSuccess ||
+      attr.type != cudaMemoryTypeDevice) {
+    cudaGetLastError();
+    return Status::InvalidArgument(fn + "the cache's entries are not device memory: use "
+                                   "KimiCudaCache::create_for (a host MlaCache is the CPU executor's)");
+  }
+  return Status::Ok();
+}
+
+template <class Plan>
+Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
+                std::span<int const> aux_layers, cudaStream_t stream, CudaForwardOutput* out,
+                Plan&& plan_fn) {
+  try {
+    SPECDEC_RETURN_IF_ERROR(cuda_check(fn, m, cache, out));
+    ForwardPlan plan;
+    SPECDEC_RETURN_IF_ERROR(plan_fn(&plan));
+    SPECDEC_RETURN_IF_ERROR(cuda_model_rewrap(cuda_forward(m, cache, plan, aux_layers, stream, out), fn));
+    return finish_forward(cache, plan);
+  } catch (std::exception const& e) {
+    return Status::Internal(fn + e.what());
+  }
+}
+
+}  // namespace detail
+
+// Prefill, decode and tree verify: the CPU executor's contracts (forward_cpu.hpp), outputs on the
+// device (CudaForwardOutput).
+inline Status kimi_prefill(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
+                           std::span<RequestId const> requests, std::span<int32_t const> counts,
+                           std::span<int32_t const> tokens, std::span<int const> aux_layers,
+                           CudaForwardOutput* out) {
+  std::string const fn = "kimi_prefill (cuda): ";
+  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+    return plan_prefill(fn, model.config, cache, requests, counts, tokens, aux_layers, p);
+  });
+}
+
+inline Status kimi_decode(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
+                          std::span<RequestId const> requests, std::span<int32_t const> tokens,
+                          std::span<int const> aux_layers, CudaForwardOutput* out) {
+  std::string const fn = "kimi_decode (cuda): ";
+  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+    return plan_decode(fn, model.config, cache, requests, tokens, aux_layers, p);
+  });
+}
+
+inline Status kimi_verify(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
+                          std::span<RequestId const> requests, int nodes,
+                          std::span<int32_t const> tokens, std::span<int32_t const> positions,
+                          std::span<uint32_t const> mask, std::span<int const> aux_layers,
+                          CudaForwardOutput* out) {
+  std::string const fn = "kimi_verify (cuda): ";
+  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+    return plan_verify(fn, model.config, cache, requests, nodes, tokens, positions, mask,
+                       aux_layers, p);
+  });
+}
+
+}  // namespace specdec::model::kimi
