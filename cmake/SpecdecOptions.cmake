@@ -47,6 +47,8 @@ endif()
 find_package(nlohmann_json 3.2 REQUIRED)
 # Eigen: the CPU executor's matrix products (model/kimi/forward_cpu.hpp).
 find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+# std::thread (the random-checkpoint writer generates tensors on every core).
+find_package(Threads REQUIRED)
 
 find_package(NCCL)
 if(NCCL_FOUND)

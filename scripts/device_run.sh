@@ -7,9 +7,9 @@
 #   scripts/device_run.sh [all|tests|parity|bench|kimi]... [--bench-filter REGEX]
 # kimi (not in all): writes the kimi-k2.5 preset with $SPECDEC_KIMI_LAYERS (default 2) layers and
 # INT4 experts at real dimensions and decodes 32 tokens on the CUDA executor (a smoke run of the
-# real shapes and a tokens/s figure for that many layers). The random writer streams about
-# 10 MB/s today (14.4 GB for 2 layers: 25 min, past a call's limit): it needs a faster writer
-# (threads, a cheaper generator) before this stage fits a call.
+# real shapes and a tokens/s figure for that many layers). 14.4 GB to write for 2 layers: the
+# writer took 25 min single-threaded (10 MB/s); it now generates tensors on every core, which
+# should bring it to a few minutes (not yet measured on the H200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=() filter=.

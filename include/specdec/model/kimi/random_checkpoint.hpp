@@ -22,10 +22,13 @@
 // Values (per tensor an std::mt19937_64 seeded from (seed, tensor name), so a tensor does not
 // depend on sharding or on the other tensors; normals by Box-Muller): embedding N(0, 1); norms
 // 1 + N(0, 0.1^2); matrices [out, in] N(0, 1/in); e_score_correction_bias N(0, 0.01^2) in F32.
-// One tensor is generated at a time and streamed to its file.
+// Tensors are generated in windows on every core (at most 2 per thread and 2^28 values at a time;
+// an INT4 linear's packed words and scales from one generated matrix) and streamed to the file in
+// order; the bytes do not depend on the thread count.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstddef>
@@ -43,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -206,6 +210,19 @@ void append_bytes(std::vector<T> const& v, std::vector<std::byte>* out) {
   if (!v.empty()) std::memcpy(out->data(), v.data(), out->size());
 }
 
+// The packed words and scales of an INT4 linear (both from one generated matrix).
+inline Status generate_int4(uint64_t seed, LinearSpec const& l, std::vector<std::byte>* packed_out,
+                            std::vector<std::byte>* scale_out) {
+  std::vector<float> const W = random_linear(seed, l);
+  std::vector<int32_t> packed(static_cast<size_t>(l.out * (l.in / io::kInt4PerWord)));
+  std::vector<uint16_t> scale(static_cast<size_t>(l.out * (l.in / l.group_size)));
+  SPECDEC_RETURN_IF_ERROR(
+      io::quantize_int4_group(W.data(), l.out, l.in, l.group_size, packed.data(), scale.data()));
+  if (packed_out) append_bytes(packed, packed_out);
+  if (scale_out) append_bytes(scale, scale_out);
+  return Status::Ok();
+}
+
 inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std::byte>* out) {
   if (e.is_linear && e.linear.int4) {
     LinearSpec const& l = e.linear;
@@ -214,17 +231,7 @@ inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std
                    out);
       return Status::Ok();
     }
-    std::vector<float> const W = random_linear(seed, l);
-    std::vector<int32_t> packed(static_cast<size_t>(l.out * (l.in / io::kInt4PerWord)));
-    std::vector<uint16_t> scale(static_cast<size_t>(l.out * (l.in / l.group_size)));
-    SPECDEC_RETURN_IF_ERROR(
-        io::quantize_int4_group(W.data(), l.out, l.in, l.group_size, packed.data(), scale.data()));
-    if (e.part == 0) {
-      append_bytes(packed, out);
-    } else {
-      append_bytes(scale, out);
-    }
-    return Status::Ok();
+    return generate_int4(seed, l, e.part == 0 ? out : nullptr, e.part == 1 ? out : nullptr);
   }
   std::vector<float> v;
   if (e.is_linear) {
@@ -255,8 +262,59 @@ inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std
   return Status::Ok();
 }
 
-// Writes one shard: plans the header over placeholder spans, then generates and writes one tensor
-// at a time (through path.tmp and a rename).
+// Generates the bytes of entries[idx[k]] into (*bytes)[k] for every k, on up to
+// hardware_concurrency threads (every tensor has its own random stream, so the values do not
+// depend on the threads); the packed and scale parts of one INT4 linear share one generated
+// matrix.
+inline Status generate_window(uint64_t seed, std::vector<WriteEntry const*> const& entries,
+                              std::vector<size_t> const& idx,
+                              std::vector<std::vector<std::byte>>* bytes) {
+  std::vector<std::vector<size_t>> jobs;  // positions k in idx, one job per tensor or INT4 pair
+  std::map<std::string, size_t> int4_job;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    WriteEntry const& e = *entries[idx[k]];
+    if (e.is_linear && e.linear.int4 && e.part < 2) {
+      auto const [it, fresh] = int4_job.try_emplace(e.linear.module_name, jobs.size());
+      if (fresh) jobs.emplace_back();
+      jobs[it->second].push_back(k);
+    } else {
+      jobs.push_back({k});
+    }
+  }
+  bytes->assign(idx.size(), {});
+  std::vector<Status> status(jobs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t j = next++; j < jobs.size(); j = next++) {
+      try {
+        std::vector<size_t> const& job = jobs[j];
+        WriteEntry const& e = *entries[idx[job[0]]];
+        if (job.size() == 2) {  // both INT4 parts
+          bool const first_packed = e.part == 0;
+          status[j] = generate_int4(seed, e.linear, &(*bytes)[job[first_packed ? 0 : 1]],
+                                    &(*bytes)[job[first_packed ? 1 : 0]]);
+        } else {
+          status[j] = generate_entry(seed, e, &(*bytes)[job[0]]);
+        }
+      } catch (std::exception const& ex) {
+        status[j] = Status::Internal(std::string("random checkpoint: generating a tensor: ") +
+                                     ex.what());
+      }
+    }
+  };
+  size_t const threads =
+      std::min<size_t>(jobs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (Status const& st : status) SPECDEC_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
+// Writes one shard: plans the header over placeholder spans, then generates the tensors in
+// windows (generate_window, a bounded number of generated values at a time) and writes them in
+// order (through path.tmp and a rename).
 inline Status write_random_shard(std::string const& path, uint64_t seed,
                                  std::vector<WriteEntry const*> const& entries,
                                  std::map<std::string, std::string> const& metadata,
@@ -281,26 +339,42 @@ inline Status write_random_shard(std::string const& path, uint64_t seed,
   }
   bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
   int write_errno = ok ? 0 : errno;
-  std::vector<std::byte> bytes;
-  for (size_t i : order) {
-    if (!ok) break;
-    Status s = generate_entry(seed, *entries[i], &bytes);
+  // A window holds up to 2 tensors per thread and 2^28 generated values (1 GiB of floats).
+  constexpr uint64_t kWindowValues = uint64_t{1} << 28;
+  size_t const per_window = 2 * std::max(1u, std::thread::hardware_concurrency());
+  auto values = [](WriteEntry const& e) -> uint64_t {
+    if (e.is_linear) return static_cast<uint64_t>(e.linear.out * e.linear.in);
+    return static_cast<uint64_t>(e.spec.bytes() / dtype_size(e.spec.dtype));
+  };
+  std::vector<std::vector<std::byte>> bytes;
+  for (size_t w = 0; ok && w < order.size();) {
+    std::vector<size_t> idx;
+    uint64_t generated = 0;
+    while (w < order.size() && idx.size() < per_window &&
+           (idx.empty() || generated + values(*entries[order[w]]) <= kWindowValues)) {
+      generated += values(*entries[order[w]]);
+      idx.push_back(order[w++]);
+    }
+    Status s = generate_window(seed, entries, idx, &bytes);
     if (!s.ok()) {
       std::fclose(f);
       std::remove(tmp.c_str());
       return s;
     }
-    if (bytes.size() != plan[i].bytes.size()) {
-      std::fclose(f);
-      std::remove(tmp.c_str());
-      return Status::Internal(path + ": tensor \"" + plan[i].name + "\": generated " +
-                              std::to_string(bytes.size()) + " bytes, planned " +
-                              std::to_string(plan[i].bytes.size()));
+    for (size_t k = 0; ok && k < idx.size(); ++k) {
+      size_t const i = idx[k];
+      if (bytes[k].size() != plan[i].bytes.size()) {
+        std::fclose(f);
+        std::remove(tmp.c_str());
+        return Status::Internal(path + ": tensor \"" + plan[i].name + "\": generated " +
+                                std::to_string(bytes[k].size()) + " bytes, planned " +
+                                std::to_string(plan[i].bytes.size()));
+      }
+      ok = bytes[k].empty() || std::fwrite(bytes[k].data(), 1, bytes[k].size(), f) == bytes[k].size();
+      if (!ok) write_errno = errno;
+      *done += bytes[k].size();
+      if (progress) progress(*done, total, plan[i].name);
     }
-    ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    if (!ok) write_errno = errno;
-    *done += bytes.size();
-    if (progress) progress(*done, total, plan[i].name);
   }
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) {
