@@ -156,6 +156,40 @@ std::vector<int> const kAux{specdec::kEmbedding, 1, 3};
 
 }  // namespace
 
+TEST_CASE("kimi_forward_cpu: MlaCache over entries the caller owns (create_external)") {
+  // 2 layers, entries 6 + 4 = 10 floats, 6 pages of 4 slots: 480 floats.
+  int64_t const need = MlaCache::floats_needed(2, 6, 4, 4, 6);
+  CHECK(need == 2 * 6 * 4 * 10);
+  std::vector<float> owned(size_t(need) + 3, 0.0f);
+  MlaCache c;
+  check_error(MlaCache::create_external(nullptr, need, 2, 6, 4, 4, 6, 3, &c),
+              StatusCode::kInvalidArgument, {"entries is null"});
+  check_error(MlaCache::create_external(owned.data(), need - 1, 2, 6, 4, 4, 6, 3, &c),
+              StatusCode::kInvalidArgument, {"479 floats given", "needs 480"});
+  check_error(MlaCache::create_external(owned.data(), need, 2, 6, 4, 0, 6, 3, &c),
+              StatusCode::kInvalidArgument, {"page_size 0"});
+  REQUIRE(MlaCache::create_external(owned.data(), need, 2, 6, 4, 4, 6, 3, &c).ok());
+  CHECK(c.external());
+  CHECK(c.entries() == owned.data());
+  CHECK(c.layer(1) == owned.data() + c.layer_stride());
+  // Copies share the entries; the bookkeeping is the host cache's.
+  MlaCache const copy = c;
+  CHECK(copy.entries() == owned.data());
+  REQUIRE(c.add_request(1).ok());
+  REQUIRE(c.append(1, 5).ok());
+  int64_t row = -1;
+  REQUIRE(c.row(1, 4, &row).ok());
+  CHECK(row == 4);  // pages 0, 1: slot 4 is page 1's first row
+  std::vector<int32_t> table, prefix;
+  specdec::ops::KvCommitParams kp;
+  std::vector<RequestId> const ids{1};
+  REQUIRE(c.kv_commit_params(ids, &table, &prefix, &kp).ok());
+  CHECK(kp.cache == static_cast<void*>(owned.data()));
+  MlaCache host;
+  REQUIRE(MlaCache::create(2, 6, 4, 4, 6, 3, &host).ok());
+  CHECK_FALSE(host.external());
+}
+
 TEST_CASE("kimi_forward_cpu: MlaCache pages, lengths and errors") {
   MlaCache c;
   // 2 layers, entries 6 + 4 = 10 floats, 6 pages of 4 slots, at most 3 pages per request.
