@@ -46,6 +46,10 @@ class [[nodiscard]] Status {
   explicit operator bool() const { return ok(); }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The same status with `context` (e.g. "kimi_prefill (cpu): ") before its message; ok stays ok.
+  Status prefixed(std::string const& context) const {
+    return ok() ? *this : Status(code_, context + message_);
+  }
   std::string to_string() const {
     return ok() ? std::string("ok") : std::string(status_code_name(code_)) + ": " + message_;
   }

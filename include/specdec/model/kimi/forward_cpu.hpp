@@ -112,37 +112,28 @@ struct KimiCpuModel {
 
 namespace detail {
 
-inline Status cpu_rewrap(Status s, std::string const& fn) {
-  return s.ok() ? s : Status(s.code(), fn + s.message());
-}
-
 inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config const& c,
                                   KimiCpuModel* out) {
   std::string const fn = "load_kimi_cpu_model (" + c.source + "): ";
-  SPECDEC_RETURN_IF_ERROR(check_router_supported(c, fn));
+  SPECDEC_RETURN_IF_ERROR(check_model_supported(w, c, fn));
   int const L = c.num_hidden_layers;
-  if (static_cast<int>(w.layers.size()) != L) {
-    return Status::InvalidArgument(fn + "weights have " + std::to_string(w.layers.size()) +
-                                   " layers, num_hidden_layers is " + std::to_string(L) +
-                                   " (weights not loaded for this config?)");
-  }
   int64_t const H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
   int64_t const dq = c.qk_nope_head_dim, r = c.qk_rope_head_dim, dv = c.v_head_dim;
   int64_t const ckv = c.kv_lora_rank, qk = dq + r;
   KimiCpuModel m;
   m.config = c;
-  SPECDEC_RETURN_IF_ERROR(cpu_rewrap(rope_inv_freq(c, &m.inv_freq), fn));
+  SPECDEC_RETURN_IF_ERROR(rope_inv_freq(c, &m.inv_freq).prefixed(fn));
   std::vector<float> f;
   auto mat = [&](LinearWeights const& lw, int64_t o, int64_t i, std::string const& what,
                  CpuMatrix* M) -> Status {
-    SPECDEC_RETURN_IF_ERROR(cpu_rewrap(linear_to_float(lw, o, i, what, &f), fn));
+    SPECDEC_RETURN_IF_ERROR(linear_to_float(lw, o, i, what, &f).prefixed(fn));
     *M = Eigen::Map<CpuMatrix const>(f.data(), o, i);
     m.floats += o * i;
     return Status::Ok();
   };
   auto vec = [&](TensorView const& v, int64_t n, std::string const& what,
                  std::vector<float>* out_vec) -> Status {
-    SPECDEC_RETURN_IF_ERROR(cpu_rewrap(view_to_float(v, n, what, out_vec), fn));
+    SPECDEC_RETURN_IF_ERROR(view_to_float(v, n, what, out_vec).prefixed(fn));
     m.floats += n;
     return Status::Ok();
   };
@@ -163,15 +154,6 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
     CpuLayerWeights& o = m.layers[static_cast<size_t>(li)];
     std::string const p = "layers." + std::to_string(li) + ".";
     std::string const a = p + "self_attn.";
-    if (l.moe != c.is_moe_layer(li)) {
-      return Status::InvalidArgument(fn + p + "mlp: weights say " + (l.moe ? "MoE" : "dense") +
-                                     ", the config the opposite");
-    }
-    if (l.q_lora != c.q_lora_rank.has_value()) {
-      return Status::InvalidArgument(fn + a + (l.q_lora ? "q_a_proj" : "q_proj") +
-                                     " in the weights, but " + c.source + " has q_lora_rank " +
-                                     (c.q_lora_rank ? "set" : "null"));
-    }
     SPECDEC_RETURN_IF_ERROR(vec(l.input_layernorm, H, p + "input_layernorm", &o.input_layernorm));
     SPECDEC_RETURN_IF_ERROR(vec(l.post_attention_layernorm, H, p + "post_attention_layernorm",
                                 &o.post_attention_layernorm));
@@ -195,11 +177,6 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
       continue;
     }
     int64_t const E = c.n_routed_experts;
-    if (static_cast<int64_t>(l.experts.size()) != E) {
-      return Status::InvalidArgument(fn + p + "mlp.experts has " +
-                                     std::to_string(l.experts.size()) + " experts, config " +
-                                     std::to_string(E));
-    }
     SPECDEC_RETURN_IF_ERROR(vec(l.gate, E * H, p + "mlp.gate.weight", &f));
     o.gate = Eigen::Map<CpuMatrix const>(f.data(), E, H);
     if (l.has_correction_bias) {

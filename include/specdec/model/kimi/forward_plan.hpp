@@ -134,8 +134,7 @@ inline Status plan_segments(std::string const& fn, io::DeepseekV3Config const& c
     slots[b] = s.base + s.count;
     first += s.count;
   }
-  Status const reserved = cache->reserve(requests, slots);
-  if (!reserved.ok()) return Status(reserved.code(), fn + reserved.message());
+  SPECDEC_RETURN_IF_ERROR(cache->reserve(requests, slots).prefixed(fn));
   for (ForwardSegment& s : segs) {
     std::span<int32_t const> pages;
     SPECDEC_RETURN_IF_ERROR(cache->pages(s.id, &pages));

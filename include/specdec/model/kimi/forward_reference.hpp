@@ -420,6 +420,38 @@ inline Status check_router_supported(io::DeepseekV3Config const& c, std::string 
   return Status::Ok();
 }
 
+// What an executor's loader checks before converting `w`: the router is supported and the weights'
+// structure (layer count, dense / MoE per layer, q_lora, expert count) is the config's.
+inline Status check_model_supported(KimiWeights const& w, DeepseekV3Config const& c,
+                                    std::string const& fn) {
+  SPECDEC_RETURN_IF_ERROR(check_router_supported(c, fn));
+  int const L = c.num_hidden_layers;
+  if (static_cast<int>(w.layers.size()) != L) {
+    return Status::InvalidArgument(fn + "weights have " + std::to_string(w.layers.size()) +
+                                   " layers, num_hidden_layers is " + std::to_string(L) +
+                                   " (weights not loaded for this config?)");
+  }
+  for (int li = 0; li < L; ++li) {
+    LayerWeights const& l = w.layers[static_cast<size_t>(li)];
+    std::string const p = "layers." + std::to_string(li) + ".";
+    if (l.moe != c.is_moe_layer(li)) {
+      return Status::InvalidArgument(fn + p + "mlp: weights say " + (l.moe ? "MoE" : "dense") +
+                                     ", the config the opposite");
+    }
+    if (l.q_lora != c.q_lora_rank.has_value()) {
+      return Status::InvalidArgument(fn + p + "self_attn." + (l.q_lora ? "q_a_proj" : "q_proj") +
+                                     " in the weights, but " + c.source + " has q_lora_rank " +
+                                     (c.q_lora_rank ? "set" : "null"));
+    }
+    if (l.moe && static_cast<int64_t>(l.experts.size()) != c.n_routed_experts) {
+      return Status::InvalidArgument(fn + p + "mlp.experts has " +
+                                     std::to_string(l.experts.size()) + " experts, config " +
+                                     std::to_string(c.n_routed_experts));
+    }
+  }
+  return Status::Ok();
+}
+
 inline Status forward_impl(KimiWeights const& w, DeepseekV3Config const& c,
                            std::span<int32_t const> tokens, int start_position,
                            std::span<int const> aux_layers, std::vector<float>* logits,
@@ -462,12 +494,7 @@ inline Status forward_impl(KimiWeights const& w, DeepseekV3Config const& c,
       }
     }
   }
-  SPECDEC_RETURN_IF_ERROR(check_router_supported(c, fn));
-  if (static_cast<int>(w.layers.size()) != L) {
-    return Status::InvalidArgument(fn + "weights have " + std::to_string(w.layers.size()) +
-                                   " layers, num_hidden_layers is " + std::to_string(L) +
-                                   " (weights not loaded for this config?)");
-  }
+  SPECDEC_RETURN_IF_ERROR(check_model_supported(w, c, fn));
   std::vector<double> inv_freq;
   SPECDEC_RETURN_IF_ERROR(rope_inv_freq(c, &inv_freq));
 
@@ -503,10 +530,6 @@ inline Status forward_impl(KimiWeights const& w, DeepseekV3Config const& c,
   for (int li = 0; li < L; ++li) {
     LayerWeights const& l = w.layers[static_cast<size_t>(li)];
     std::string const p = "layers." + std::to_string(li) + ".";
-    if (l.moe != c.is_moe_layer(li)) {
-      return Status::InvalidArgument(fn + p + "mlp: weights say " + (l.moe ? "MoE" : "dense") +
-                                     ", the config the opposite");
-    }
     SPECDEC_RETURN_IF_ERROR(view_to_float(l.input_layernorm, H, p + "input_layernorm", &nw));
     SPECDEC_RETURN_IF_ERROR(rms_rows(x, T, H, nw, c.rms_norm_eps, &xn));
     SPECDEC_RETURN_IF_ERROR(mla_attention(l, c, li, xn, T, start_position, inv_freq, &x));
