@@ -57,6 +57,7 @@ using specdec::testing::random_tokens;
 using specdec::testing::Rng;
 using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
+using specdec::testing::Tree;
 
 constexpr double kLogitTol = 2e-2;
 
@@ -311,7 +312,7 @@ TEST_CASE("kimi_forward_cuda: a batch on interleaved pages, then a tree verify")
           "batch decode");
     }
     // Tree verify of N nodes per request (deep, bushy, deep), mask from tree_build.
-    int const N = 13, B = 3, W = specdec::mask_words(N);
+    int const N = 13, B = 3;
     std::vector<int32_t> parents;
     for (int b = 0; b < B; ++b) {
       std::vector<int32_t> const p = specdec::testing::random_parents(rng, N, b != 1);
@@ -323,16 +324,10 @@ TEST_CASE("kimi_forward_cuda: a batch on interleaved pages, then a tree verify")
       REQUIRE(c.gpu.table.length(ids[b], &len).ok());
       prefix[b] = int32_t(len);
     }
-    std::vector<uint32_t> mask(size_t(B) * N * W);
-    std::vector<int32_t> depth(B * N), positions(B * N), first_child(B * N), next_sibling(B * N),
-        leaf_paths(size_t(B) * N * N), leaf_count(B), status(B);
-    specdec::ops::TreeBuildParams tp;
-    tp.tree = specdec::TreeInput{nullptr, parents.data(), nullptr, B, N};
-    tp.prefix_len = prefix.data();
-    tp.out = specdec::TreeTopology{mask.data(),        depth.data(),        positions.data(),
-                                   first_child.data(), next_sibling.data(), leaf_paths.data(),
-                                   leaf_count.data(),  status.data(),       N};
-    REQUIRE(specdec::ops::tree_build(CpuExecutor{}, tp).ok());
+    Tree tree;
+    tree.build(parents, prefix, N);
+    std::vector<int32_t> const& positions = tree.positions;
+    std::vector<uint32_t> const& mask = tree.mask;
     std::vector<int32_t> const nodes = random_tokens(rng, B * N, V);
     run_both(
         md, c, true,

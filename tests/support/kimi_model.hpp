@@ -1,6 +1,6 @@
 // Test support: the tiny random Kimi / DeepseekV3 checkpoint written to a folder and loaded back
 // (config, safetensors, weights), as `specdec-kimi init-random --preset tiny` writes it (1 shard),
-// and what the forward tests compare with (MaxDiff, random_tokens).
+// and what the forward tests share (MaxDiff, random_tokens, Tree).
 // doctest REQUIREs stop the calling test on any failure.
 #pragma once
 
@@ -21,6 +21,7 @@
 #include "specdec/io/safetensors.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
+#include "specdec/ops/tree_build/tree_build.hpp"
 
 namespace specdec::testing {
 
@@ -72,5 +73,45 @@ std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab) {
   for (auto& v : t) v = d(rng);
   return t;
 }
+
+// tree_build's outputs for B requests of N nodes.
+struct Tree {
+  int B = 0, N = 0, W = 0;
+  std::vector<int32_t> parents, prefix, depth, positions, first_child, next_sibling, leaf_paths,
+      leaf_count, status;
+  std::vector<uint32_t> mask;
+
+  void build(std::vector<int32_t> const& par, std::vector<int32_t> const& prefix_len, int nodes) {
+    B = static_cast<int>(prefix_len.size());
+    N = nodes;
+    W = specdec::mask_words(N);
+    parents = par;
+    prefix = prefix_len;
+    size_t const BN = size_t(B) * N;
+    mask.assign(BN * W, 0);
+    depth.assign(BN, 0);
+    positions.assign(BN, 0);
+    first_child.assign(BN, 0);
+    next_sibling.assign(BN, 0);
+    leaf_paths.assign(BN * N, 0);
+    leaf_count.assign(B, 0);
+    status.assign(B, 0);
+    specdec::ops::TreeBuildParams p;
+    p.tree = specdec::TreeInput{nullptr, parents.data(), nullptr, B, N};
+    p.prefix_len = prefix.data();
+    p.out = specdec::TreeTopology{mask.data(),        depth.data(),        positions.data(),
+                                  first_child.data(), next_sibling.data(), leaf_paths.data(),
+                                  leaf_count.data(),  status.data(),       N};
+    Status const s = specdec::ops::tree_build(specdec::CpuExecutor{}, p);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+  }
+  // Node indices root..i of request b.
+  std::vector<int> path(int b, int i) const {
+    std::vector<int> out;
+    for (int k = i; k >= 0; k = parents[size_t(b) * N + k]) out.push_back(k);
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
+};
 
 }  // namespace specdec::testing

@@ -38,6 +38,7 @@ using specdec::testing::random_tokens;
 using specdec::testing::Rng;
 using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
+using specdec::testing::Tree;
 
 // Tolerance, relative to the largest |value| of the reference rows compared:
 // max |cpu - reference| / max |reference|. Both sides compute in fp32 from the same fp32 weights;
@@ -112,45 +113,6 @@ std::vector<int32_t> pages_of(MlaCache const& c, RequestId id) {
   return {p.begin(), p.end()};
 }
 
-// tree_build's outputs for B requests of N nodes.
-struct Tree {
-  int B = 0, N = 0, W = 0;
-  std::vector<int32_t> parents, prefix, depth, positions, first_child, next_sibling, leaf_paths,
-      leaf_count, status;
-  std::vector<uint32_t> mask;
-
-  void build(std::vector<int32_t> const& par, std::vector<int32_t> const& prefix_len, int nodes) {
-    B = static_cast<int>(prefix_len.size());
-    N = nodes;
-    W = specdec::mask_words(N);
-    parents = par;
-    prefix = prefix_len;
-    size_t const BN = size_t(B) * N;
-    mask.assign(BN * W, 0);
-    depth.assign(BN, 0);
-    positions.assign(BN, 0);
-    first_child.assign(BN, 0);
-    next_sibling.assign(BN, 0);
-    leaf_paths.assign(BN * N, 0);
-    leaf_count.assign(B, 0);
-    status.assign(B, 0);
-    specdec::ops::TreeBuildParams p;
-    p.tree = specdec::TreeInput{nullptr, parents.data(), nullptr, B, N};
-    p.prefix_len = prefix.data();
-    p.out = specdec::TreeTopology{mask.data(),        depth.data(),        positions.data(),
-                                  first_child.data(), next_sibling.data(), leaf_paths.data(),
-                                  leaf_count.data(),  status.data(),       N};
-    Status const s = specdec::ops::tree_build(CpuExecutor{}, p);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-  }
-  // Node indices root..i of request b.
-  std::vector<int> path(int b, int i) const {
-    std::vector<int> out;
-    for (int k = i; k >= 0; k = parents[size_t(b) * N + k]) out.push_back(k);
-    std::reverse(out.begin(), out.end());
-    return out;
-  }
-};
 
 std::vector<int> const kAux{specdec::kEmbedding, 1, 3};
 
