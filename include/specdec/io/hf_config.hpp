@@ -460,6 +460,20 @@ inline Status parse_text_config(ConfigReader const& cr, DeepseekV3Config* c) {
   return Status::Ok();
 }
 
+// `json_text` parsed into *out, which must be an object; errors name `source`.
+inline Status parse_json_object(std::string_view json_text, std::string_view source, Json* out) {
+  try {
+    *out = Json::parse(json_text.begin(), json_text.end());
+  } catch (Json::parse_error const& e) {
+    return Status::MalformedInput(std::string(source) + ": not valid JSON: " + e.what());
+  }
+  if (!out->is_object()) {
+    return Status::MalformedInput(std::string(source) + ": top level must be an object, got " +
+                                  json_type_name(*out));
+  }
+  return Status::Ok();
+}
+
 }  // namespace detail
 
 // Parses config.json text. `source` (a path or a name) appears in every error message.
@@ -470,15 +484,7 @@ inline Status parse_config(std::string_view json_text, std::string_view source,
   if (out == nullptr) return Status::InvalidArgument("parse_config: out is null");
   try {
     Json root;
-    try {
-      root = Json::parse(json_text.begin(), json_text.end());
-    } catch (Json::parse_error const& e) {
-      return Status::MalformedInput(std::string(source) + ": not valid JSON: " + e.what());
-    }
-    if (!root.is_object()) {
-      return Status::MalformedInput(std::string(source) + ": top level must be an object, got " +
-                                    detail::json_type_name(root));
-    }
+    SPECDEC_RETURN_IF_ERROR(detail::parse_json_object(json_text, source, &root));
     DeepseekV3Config c;
     c.source = std::string(source);
     FieldReader top{source, "", &root};
@@ -523,17 +529,28 @@ inline Status parse_config(std::string_view json_text, std::string_view source,
 }
 
 // Reads `path`: a config.json file, or a checkpoint directory holding one.
-inline Status load_config(std::filesystem::path const& path, DeepseekV3Config* out) {
+// The text of path/config.json (or of path itself when it is a file) into *text, its path into
+// *file; `what` names the config in the errors ("config", "the draft's config").
+inline Status read_config_file(std::filesystem::path const& path, std::string_view what,
+                               std::string* file, std::string* text) {
   std::error_code ec;
-  std::filesystem::path file = path;
-  if (std::filesystem::is_directory(path, ec)) file = path / "config.json";
-  std::ifstream in(file, std::ios::binary);
+  std::filesystem::path f = path;
+  if (std::filesystem::is_directory(path, ec)) f = path / "config.json";
+  *file = f.string();
+  std::ifstream in(f, std::ios::binary);
   if (!in) {
-    return Status::InvalidArgument(file.string() + ": cannot open config (missing or unreadable)");
+    return Status::InvalidArgument(*file + ": cannot open " + std::string(what) +
+                                   " (missing or unreadable)");
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return Status::InvalidArgument(file.string() + ": read error");
-  return parse_config(text, file.string(), out);
+  text->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status::InvalidArgument(*file + ": read error");
+  return Status::Ok();
+}
+
+inline Status load_config(std::filesystem::path const& path, DeepseekV3Config* out) {
+  std::string file, text;
+  SPECDEC_RETURN_IF_ERROR(read_config_file(path, "config", &file, &text));
+  return parse_config(text, file, out);
 }
 
 // One line for logs, e.g. "kimi_k25 DeepseekV3 (config.json, tensors 'language_model.model.'):

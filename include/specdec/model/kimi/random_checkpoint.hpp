@@ -145,24 +145,25 @@ inline Status kimi_preset_config(std::string_view preset, std::optional<int> num
 namespace detail {
 
 // One tensor to write: a plain tensor, or part `part` (0 packed / weight, 1 scale, 2 shape) of a
-// Linear module.
+// Linear module; `given`, when set, holds the tensor's bytes (written as they are, not drawn).
 struct WriteEntry {
   TensorSpec spec;
   bool is_linear = false;
   LinearSpec linear;
   int part = 0;
+  std::shared_ptr<std::vector<std::byte> const> given;
 };
 
 struct WriteListSink {
   std::vector<WriteEntry>* out;
   Status tensor(TensorSpec const& s, TensorView*) {
-    out->push_back(WriteEntry{s, false, {}, 0});
+    out->push_back(WriteEntry{s, false, {}, 0, {}});
     return Status::Ok();
   }
   Status linear(LinearSpec const& s, LinearWeights*) {
     std::vector<TensorSpec> t = s.tensors();
     for (size_t i = 0; i < t.size(); ++i) {
-      out->push_back(WriteEntry{std::move(t[i]), true, s, static_cast<int>(i)});
+      out->push_back(WriteEntry{std::move(t[i]), true, s, static_cast<int>(i), {}});
     }
     return Status::Ok();
   }
@@ -224,6 +225,10 @@ inline Status generate_int4(uint64_t seed, LinearSpec const& l, std::vector<std:
 }
 
 inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std::byte>* out) {
+  if (e.given) {
+    *out = *e.given;
+    return Status::Ok();
+  }
   if (e.is_linear && e.linear.int4) {
     LinearSpec const& l = e.linear;
     if (e.part == 2) {
