@@ -12,65 +12,19 @@
 #include <vector>
 
 #include "specdec/ops/verify_sample/verify_sample.hpp"
+#include "support/chi_square.hpp"
 
 using namespace specdec;
 using namespace specdec::ops;
+
+using specdec::testing::chi2;
+using specdec::testing::chi2_pvalue;
 
 namespace {
 
 constexpr int kV = 6;
 constexpr int kDraws = 200000;
 constexpr double kAlpha = 1e-4;
-
-// Upper tail of the chi-square distribution: Q(dof/2, x/2), regularised incomplete gamma
-// (series for x < a + 1, continued fraction otherwise; Numerical Recipes 6.2).
-double chi2_pvalue(double x, int dof) {
-  double const a = 0.5 * dof, z = 0.5 * x;
-  if (z <= 0) return 1.0;
-  double const lg = std::lgamma(a);
-  if (z < a + 1) {
-    double sum = 1.0 / a, term = sum;
-    for (int n = 1; n < 1000; ++n) {
-      term *= z / (a + n);
-      sum += term;
-      if (term < sum * 1e-15) break;
-    }
-    return 1.0 - sum * std::exp(-z + a * std::log(z) - lg);
-  }
-  double b = z + 1 - a, c = 1e300, d = 1 / b, h = d;
-  for (int i = 1; i < 1000; ++i) {
-    double const an = -i * (i - a);
-    b += 2;
-    d = an * d + b;
-    if (std::fabs(d) < 1e-300) d = 1e-300;
-    c = b + an / c;
-    if (std::fabs(c) < 1e-300) c = 1e-300;
-    d = 1 / d;
-    double const del = d * c;
-    h *= del;
-    if (std::fabs(del - 1) < 1e-15) break;
-  }
-  return std::exp(-z + a * std::log(z) - lg) * h;
-}
-
-// Chi-square statistic of counts against probabilities (cells with p = 0 must be empty: any count
-// there makes the statistic infinite). Returns {statistic, dof}.
-std::pair<double, int> chi2(std::vector<int64_t> const& counts, std::vector<double> const& probs) {
-  int64_t total = 0;
-  for (auto c : counts) total += c;
-  double stat = 0;
-  int cells = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    double const e = probs[i] * total;
-    if (e <= 0) {
-      if (counts[i] > 0) return {INFINITY, 1};
-      continue;
-    }
-    stat += (counts[i] - e) * (counts[i] - e) / e;
-    ++cells;
-  }
-  return {stat, cells - 1};
-}
 
 bool fits(std::vector<int64_t> const& counts, std::vector<double> const& probs) {
   auto [stat, dof] = chi2(counts, probs);

@@ -1,0 +1,394 @@
+// SpecEngine<Policy, CpuExecutor> (engine/spec_engine.hpp) on the tiny random Kimi target and a
+// random EAGLE-3 draft over its layers [0, 1, 2]:
+//   * lossless greedy: for a batch of mixed-length requests, every draft strategy and tree shape
+//     (EAGLE-3 chains of 2..8 and top-k 2..8 trees up to 64 nodes, n-gram chains and trees) gives
+//     the output of plain decoding through the same engine, token for token, and that equals
+//     kimi_generate's (an independent loop of prefill + decode);
+//   * n-gram drafting on a repetitive continuation accepts more than one token per verify;
+//   * sampling: a seed reproduces its output; the joint distribution of the first two sampled
+//     tokens with speculation is the target's exact one (chi-square at p-value 1e-4), computed
+//     from the target's logits (top-k 3, temperature 1);
+//   * errors: a missing / superfluous draft, a draft whose layer order differs from the policy's,
+//     EAGLE (not built), and every bad request field, by name.
+#include "specdec/engine/spec_engine.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specdec/engine/self_check.hpp"
+#include "specdec/model/eagle3/random_checkpoint.hpp"
+#include "specdec/model/kimi/generate.hpp"
+#include "support/chi_square.hpp"
+#include "support/kimi_model.hpp"
+#include "support/status_checks.hpp"
+#include "support/testing.hpp"
+
+namespace {
+
+using namespace specdec;
+using engine::GenerationRequest;
+using engine::GenerationResult;
+using engine::SpecEngine;
+using engine::SpecMetrics;
+namespace kimi = specdec::model::kimi;
+namespace eagle3 = specdec::model::eagle3;
+
+using TinyLayers = Layers<0, 1, 2>;
+template <class Tree>
+using E3 = SpecPolicy<Eagle3, TinyLayers, Tree, Eager>;
+template <class Tree>
+using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
+using Plain = SpecPolicy<NoDraft, Layers<>, NoTree, Eager>;
+
+// The tiny target and its draft, written and loaded once for every test of this file.
+struct Models {
+  testing::TempDir tmp;
+  testing::TinyKimi tiny;
+  kimi::KimiCpuModel target;
+  eagle3::Eagle3CpuModel draft;
+};
+
+Models const& models() {
+  static Models* m = [] {
+    auto* m = new Models;
+    testing::load_tiny_kimi(m->tmp.path / "target", /*int4=*/false, /*seed=*/11, &m->tiny);
+    Status s = kimi::load_kimi_cpu_model(m->tiny.weights, m->tiny.config, &m->target);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    std::string const dir = (m->tmp.path / "draft").string();
+    s = eagle3::write_random_eagle3(dir, m->tiny.config, TinyLayers::ids(), /*seed=*/5, {});
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    s = eagle3::load_eagle3_cpu_model(dir, m->tiny.config, m->target.embed_tokens.data(),
+                                      DraftKind::kEagle3, TinyLayers::ids(), "the test policy",
+                                      &m->draft);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    return m;
+  }();
+  return *m;
+}
+
+template <class P>
+Status make_engine(SpecEngine<P, CpuExecutor>* e) {
+  Models const& m = models();
+  eagle3::Eagle3CpuModel const* draft = P::kKind == DraftKind::kEagle3 ? &m.draft : nullptr;
+  return SpecEngine<P, CpuExecutor>::create(&m.target, draft, {}, e);
+}
+
+template <class P>
+std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
+                                  SpecMetrics* total = nullptr) {
+  SpecEngine<P, CpuExecutor> e;
+  Status s = make_engine<P>(&e);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  std::vector<GenerationResult> out;
+  s = e.generate(requests, &out, total);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  REQUIRE(out.size() == requests.size());
+  return out;
+}
+
+// Three requests of different lengths, budgets and stop rules.
+std::vector<GenerationRequest> mixed_requests() {
+  std::mt19937 rng(3);
+  int const V = static_cast<int>(models().tiny.config.vocab_size);
+  std::vector<GenerationRequest> r(3);
+  r[0].prompt = testing::random_tokens(rng, 3, V);
+  r[0].max_new_tokens = 21;
+  r[1].prompt = {40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42};
+  r[1].max_new_tokens = 13;
+  r[1].stop_at_eos = false;
+  r[2].prompt = testing::random_tokens(rng, 17, V);
+  r[2].max_new_tokens = 26;
+  r[2].stop_at_eos = false;
+  return r;
+}
+
+template <class P>
+void check_lossless(std::vector<GenerationRequest> const& requests,
+                    std::vector<GenerationResult> const& want) {
+  CAPTURE(describe<P>());
+  SpecMetrics total;
+  auto const got = run<P>(requests, &total);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    CHECK(got[r].output_ids == want[r].output_ids);
+    CHECK(got[r].stopped_at_eos == want[r].stopped_at_eos);
+    SpecMetrics const& m = got[r].metrics;
+    CHECK(m.verify_ct >= 1);
+    // Every verify commits at least one token; the outputs after the first came from verifies.
+    CHECK(m.committed >= static_cast<int64_t>(got[r].output_ids.size()) - 1);
+    CHECK(m.accept_length() >= 1.0);
+    CHECK(m.per_position_accept().size() ==
+          static_cast<size_t>(SpecEngine<P, CpuExecutor>::kPathCapacity - 1));
+    if constexpr (P::kKind == DraftKind::kEagle3) {
+      CHECK(m.proposed() == m.verify_ct * (P::kNodes - 1));  // a full tree every step
+    }
+  }
+  MESSAGE(describe<P>() << ": accept length " << total.accept_length() << ", accept rate "
+                        << total.accept_rate());
+}
+
+TEST_CASE("engine: plain decoding through the engine equals kimi_generate") {
+  Models const& m = models();
+  auto const requests = mixed_requests();
+  auto const want = run<Plain>(requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    kimi::GenerateOptions o;
+    o.max_new_tokens = requests[r].max_new_tokens;
+    o.stop_at_eos = requests[r].stop_at_eos;
+    kimi::GenerateResult g;
+    Status const s = kimi::kimi_generate(CpuExecutor{}, m.target, m.tiny.config,
+                                         requests[r].prompt, o, &g);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    CHECK(want[r].output_ids == g.output_ids);
+    CHECK(want[r].metrics.accept_length() == doctest::Approx(1.0));
+    CHECK(want[r].metrics.proposed() == 0);
+  }
+}
+
+TEST_CASE("engine: greedy output with every draft equals plain decoding") {
+  auto const requests = mixed_requests();
+  auto const want = run<Plain>(requests);
+  check_lossless<E3<Chain<2>>>(requests, want);
+  check_lossless<E3<Chain<4>>>(requests, want);
+  check_lossless<E3<Chain<8>>>(requests, want);
+  check_lossless<E3<TreeShape<2, 4, 8>>>(requests, want);
+  check_lossless<E3<TreeShape<4, 3, 16>>>(requests, want);
+  check_lossless<E3<TreeShape<8, 3, 64>>>(requests, want);
+  check_lossless<NG<Chain<2>>>(requests, want);
+  check_lossless<NG<Chain<5>>>(requests, want);
+  check_lossless<NG<TreeShape<4, 2, 8>>>(requests, want);
+}
+
+// A greedy request of n new tokens after prompt.
+GenerationRequest greedy_request(std::vector<int32_t> prompt, int n) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = n;
+  r.stop_at_eos = false;
+  return r;
+}
+
+TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetitive text") {
+  // Greedy decoding of the random target drifts into repeats ("217 217 217 ...", recurring
+  // runs of 5-6 tokens) within 200 tokens, which prompt lookup then drafts.
+  GenerationRequest const r = greedy_request({7, 8, 9}, 200);
+  auto const plain = run<Plain>({r});
+  SpecMetrics total;
+  auto const got = run<NG<Chain<4>>>({r}, &total);
+  CHECK(got[0].output_ids == plain[0].output_ids);
+  MESSAGE("n-gram chain 4: accept length " << total.accept_length() << " over "
+                                           << total.verify_ct << " verifies");
+  CHECK(total.accept_length() > 1.0);
+  CHECK(total.verify_ct < plain[0].metrics.verify_ct);
+}
+
+TEST_CASE("engine: a seed reproduces sampled output") {
+  auto requests = mixed_requests();
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].temperature = 0.8f;
+    requests[r].top_p = 0.9f;
+    requests[r].seed = 100 + r;
+  }
+  auto const a = run<E3<TreeShape<4, 3, 16>>>(requests);
+  auto const b = run<E3<TreeShape<4, 3, 16>>>(requests);
+  for (size_t r = 0; r < requests.size(); ++r) CHECK(a[r].output_ids == b[r].output_ids);
+  for (auto& q : requests) q.seed += 1000;
+  auto const c = run<E3<TreeShape<4, 3, 16>>>(requests);
+  bool differs = false;
+  for (size_t r = 0; r < requests.size(); ++r) differs = differs || a[r].output_ids != c[r].output_ids;
+  CHECK(differs);
+}
+
+// The target's top-k / temperature-1 distribution of a logit row, in double (the definition of
+// ops/sample/params.hpp: ties at the k-th largest logit are kept).
+std::map<int32_t, double> top_k_distribution(float const* row, int64_t V, int k) {
+  std::vector<float> sorted(row, row + V);
+  std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
+  float const threshold = sorted[static_cast<size_t>(k - 1)];
+  double max = -INFINITY, sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
+  std::map<int32_t, double> p;
+  for (int64_t v = 0; v < V; ++v) {
+    if (row[v] >= threshold) sum += p[static_cast<int32_t>(v)] = std::exp(row[v] - max);
+  }
+  for (auto& [v, w] : p) w /= sum;
+  return p;
+}
+
+// Last logits row of the target after `tokens` (a fresh cache).
+std::vector<float> last_logits(std::vector<int32_t> const& tokens) {
+  Models const& m = models();
+  kimi::MlaCache cache;
+  REQUIRE(kimi::MlaCache::create_for(m.tiny.config, 16, 17, 17, &cache).ok());
+  REQUIRE(cache.add_request(0).ok());
+  kimi::RequestId const id = 0;
+  int32_t const count = static_cast<int32_t>(tokens.size());
+  std::vector<float> logits;
+  Status const s = kimi::kimi_prefill(CpuExecutor{}, m.target, &cache, {&id, 1}, {&count, 1},
+                                      tokens, {}, &logits, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  int64_t const V = m.tiny.config.vocab_size;
+  return std::vector<float>(logits.end() - V, logits.end());
+}
+
+template <class P>
+void check_two_token_distribution(GenerationRequest const& base, int draws) {
+  CAPTURE(describe<P>());
+  int64_t const V = models().tiny.config.vocab_size;
+  // Exact joint distribution of (x1, x2).
+  std::map<std::pair<int32_t, int32_t>, double> exact;
+  for (auto const& [x1, p1] : top_k_distribution(last_logits(base.prompt).data(), V, base.top_k)) {
+    std::vector<int32_t> context = base.prompt;
+    context.push_back(x1);
+    for (auto const& [x2, p2] : top_k_distribution(last_logits(context).data(), V, base.top_k)) {
+      exact[{x1, x2}] = p1 * p2;
+    }
+  }
+  SpecMetrics total;
+  std::map<std::pair<int32_t, int32_t>, int64_t> seen;
+  int constexpr kBatch = 250;
+  for (int first = 0; first < draws; first += kBatch) {
+    std::vector<GenerationRequest> requests(static_cast<size_t>(std::min(kBatch, draws - first)),
+                                            base);
+    for (size_t i = 0; i < requests.size(); ++i) requests[i].seed = 7000 + first + i;
+    SpecMetrics part;
+    auto const out = run<P>(requests, &part);
+    total.merge(part);
+    for (auto const& r : out) {
+      REQUIRE(r.output_ids.size() == 2);
+      ++seen[{r.output_ids[0], r.output_ids[1]}];
+    }
+  }
+  std::vector<int64_t> counts;
+  std::vector<double> probs;
+  for (auto const& [cell, p] : exact) {
+    counts.push_back(seen.count(cell) ? seen.at(cell) : 0);
+    probs.push_back(p);
+  }
+  int64_t outside = draws;
+  for (int64_t c : counts) outside -= c;
+  CHECK(outside == 0);  // nothing outside the top-k support
+  auto const [stat, dof] = testing::chi2(counts, probs);
+  double const pv = testing::chi2_pvalue(stat, dof);
+  MESSAGE(describe<P>() << ": chi2 " << stat << " dof " << dof << " p-value " << pv
+                        << ", accepted drafts " << total.accepted() << " of "
+                        << total.proposed());
+  CHECK(pv >= 1e-4);
+  if constexpr (P::kKind == DraftKind::kNGram) CHECK(total.accepted() > 0);
+  if constexpr (P::kKind != DraftKind::kNone) CHECK(total.proposed() > 0);
+}
+
+TEST_CASE("engine: sampled speculation keeps the target's distribution of two tokens") {
+  // A prompt ending where greedy decoding repeats a token: the 48 tokens of the prompt and its
+  // greedy continuation up to the second of three equal tokens, so the likely next tokens already
+  // followed the last one in the text (n-gram drafts that get accepted).
+  auto const greedy = run<Plain>({greedy_request({7, 8, 9}, 200)})[0].output_ids;
+  size_t i = 1;
+  while (i + 1 < greedy.size() && !(greedy[i - 1] == greedy[i] && greedy[i] == greedy[i + 1])) ++i;
+  REQUIRE_MESSAGE(i + 1 < greedy.size(), "the target never repeats a token three times");
+  REQUIRE(i >= 47);
+  auto const end = greedy.begin() + static_cast<int64_t>(i) + 1;
+  GenerationRequest base = greedy_request(std::vector<int32_t>(end - 48, end), 2);
+  base.temperature = 1.0f;
+  base.top_k = 3;
+  check_two_token_distribution<Plain>(base, 1500);
+  check_two_token_distribution<NG<Chain<3>>>(base, 1500);
+  check_two_token_distribution<E3<TreeShape<2, 2, 4>>>(base, 1500);
+}
+
+TEST_CASE("engine: the draft model must match the policy") {
+  Models const& m = models();
+  SpecEngine<E3<Chain<3>>, CpuExecutor> e3;
+  testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(&m.target, nullptr, {}, &e3),
+                       StatusCode::kInvalidArgument, {"EAGLE3 needs a draft model"});
+  SpecEngine<NG<Chain<3>>, CpuExecutor> ng;
+  testing::check_error(SpecEngine<NG<Chain<3>>, CpuExecutor>::create(&m.target, &m.draft, {}, &ng),
+                       StatusCode::kInvalidArgument, {"NGRAM takes no draft model"});
+  using Reordered = SpecPolicy<Eagle3, Layers<2, 1, 0>, Chain<3>, Eager>;
+  SpecEngine<Reordered, CpuExecutor> re;
+  testing::check_error(SpecEngine<Reordered, CpuExecutor>::create(&m.target, &m.draft, {}, &re),
+                       StatusCode::kInvalidArgument,
+                       {"[0,1,2]", "[2,1,0]", "different order"});
+  using Eagle1 = SpecPolicy<Eagle, Layers<>, Chain<3>, Eager>;
+  SpecEngine<Eagle1, CpuExecutor> e1;
+  testing::check_error(SpecEngine<Eagle1, CpuExecutor>::create(&m.target, nullptr, {}, &e1),
+                       StatusCode::kUnsupported, {"EAGLE (EAGLE-1/2) drafts are not built yet"});
+}
+
+TEST_CASE("engine: bad requests are refused by name") {
+  SpecEngine<NG<Chain<3>>, CpuExecutor> e;
+  REQUIRE(make_engine(&e).ok());
+  auto refuse = [&](GenerationRequest const& r, std::vector<std::string> const& parts) {
+    std::vector<GenerationResult> out;
+    std::vector<GenerationRequest> const two{GenerationRequest{{1, 2}, 4}, r};
+    testing::check_error(e.generate(two, &out, nullptr), StatusCode::kInvalidArgument, parts);
+  };
+  refuse(GenerationRequest{{}, 4}, {"request 1", "prompt", "empty"});
+  refuse(GenerationRequest{{1, 512}, 4}, {"request 1", "input id 512", "vocabulary"});
+  refuse(GenerationRequest{{1, 2}, 0}, {"request 1", "max_new_tokens 0"});
+  GenerationRequest hot{{1, 2}, 4};
+  hot.temperature = -1.0f;
+  refuse(hot, {"request 1", "temperature"});
+  GenerationRequest nucleus{{1, 2}, 4};
+  nucleus.top_p = 0.0f;
+  refuse(nucleus, {"request 1", "top_p 0", "(0, 1]"});
+  GenerationRequest longer{std::vector<int32_t>(200, 1), 54};
+  refuse(longer, {"request 1", "speculative positions", "max_position_embeddings 256"});
+  std::vector<GenerationResult> out;
+  testing::check_error(e.generate({}, &out, nullptr), StatusCode::kInvalidArgument,
+                       {"no requests"});
+}
+
+TEST_CASE("engine: the self-check warns when nothing is accepted, naming the causes") {
+  SpecMetrics none;
+  none.record_verify({1, 2, 3}, 0);
+  std::string const w = engine::self_check_warning(DraftKind::kEagle3, none);
+  CHECK(testing::contains(w, "accept length 1.0"));
+  CHECK(testing::contains(w, "layer set"));
+  CHECK(testing::contains(w, "EAGLE-3 draft run as EAGLE"));
+  CHECK(testing::contains(w, "d2t"));
+  SpecMetrics some = none;
+  some.record_verify({1, 2, 3}, 2);
+  CHECK(engine::self_check_warning(DraftKind::kEagle3, some).empty());
+  CHECK(engine::self_check_warning(DraftKind::kNone, none).empty());
+  // On the built-in prompt through a real engine: a random draft for a random target.
+  SpecEngine<E3<Chain<3>>, CpuExecutor> e;
+  REQUIRE(make_engine(&e).ok());
+  engine::SelfCheckReport report;
+  Status const s = engine::self_check(e, models().tiny.config.vocab_size, &report);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  CHECK(report.metrics.verify_ct >= 1);
+  CHECK(report.warning.empty() == (report.metrics.accept_length() > 1.0));
+}
+
+TEST_CASE("metrics: accept length, rate and per-position acceptance") {
+  SpecMetrics m;
+  m.record_verify({1, 2, 3}, 3);  // a chain of 3, all accepted: 4 tokens
+  m.record_verify({1, 2, 3}, 1);  // 2 tokens
+  m.record_verify({1, 1, 2}, 0);  // a tree, nothing accepted: 1 token
+  CHECK(m.verify_ct == 3);
+  CHECK(m.committed == 7);
+  CHECK(m.accept_length() == doctest::Approx(7.0 / 3.0));
+  CHECK(m.proposed() == 9);
+  CHECK(m.accepted() == 4);
+  CHECK(m.accept_rate() == doctest::Approx(4.0 / 9.0));
+  auto const per = m.per_position_accept();
+  REQUIRE(per.size() == 3);
+  CHECK(per[0] == doctest::Approx(2.0 / 3.0));
+  CHECK(per[1] == doctest::Approx(1.0 / 3.0));
+  CHECK(per[2] == doctest::Approx(1.0 / 3.0));
+  SpecMetrics sum;
+  sum.merge(m);
+  sum.merge(m);
+  CHECK(sum.committed == 14);
+  CHECK(sum.accept_length() == doctest::Approx(7.0 / 3.0));
+}
+
+}  // namespace
