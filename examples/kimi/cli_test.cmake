@@ -4,8 +4,12 @@
 # --max-new-tokens ids (--ignore-eos) inside the vocabulary and whose tokens_per_s is positive;
 # the same seed must reproduce a sampled run; a malformed flag must exit 2 naming the flag;
 # --device cuda must either run (9 ids) or, without a GPU or a CUDA build, be refused (exit 1)
-# saying which.
-file(REMOVE_RECURSE "${DIR}")
+# saying which. Speculation: init-random --draft eagle3 writes a matching draft; greedy EAGLE3
+# (chain and tree) and NGRAM output equal NONE's, with accept_length / per_position_accept /
+# verify_ct in the JSON and the effective configuration on stderr; misconfigurations (EAGLE on an
+# EAGLE-3 draft, a chain whose node count is not steps + 1, an uncompiled tree, a draft path with
+# NGRAM, a missing tree flag) exit 1 naming the fix.
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft")
 function(run_kimi out_var rc_var)
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
@@ -13,7 +17,8 @@ function(run_kimi out_var rc_var)
   set(${rc_var} "${rc}" PARENT_SCOPE)
 endfunction()
 
-run_kimi(out rc init-random --preset tiny --out "${DIR}" --seed 4)
+run_kimi(out rc init-random --preset tiny --out "${DIR}" --seed 4 --draft eagle3 --layers 0,1,2
+         --draft-out "${DIR}-draft")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "init-random failed (${rc}): ${out}")
 endif()
@@ -62,5 +67,65 @@ if(rc EQUAL 0)
 elseif(NOT rc EQUAL 1 OR NOT "${out}${err}" MATCHES "--device cuda: (no CUDA device is visible|this specdec-kimi was built without CUDA)")
   message(FATAL_ERROR "--device cuda gave exit ${rc}: ${out}${err}")
 endif()
-message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s")
-file(REMOVE_RECURSE "${DIR}")
+
+# Speculation through the binary: greedy output equals plain decoding.
+set(greedy generate --model-path "${DIR}" --input-ids 7,300,12,7,300 --max-new-tokens 12
+    --ignore-eos --json)
+execute_process(COMMAND "${KIMI}" ${greedy} OUTPUT_VARIABLE plain RESULT_VARIABLE rc ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "generate (NONE) failed (${rc}): ${plain}")
+endif()
+string(JSON plain_ids GET "${plain}" output_ids)
+foreach(spec "EAGLE3;3;1;4" "EAGLE3;3;4;8" "NGRAM;2;1;3")
+  list(GET spec 0 algo)
+  list(GET spec 1 steps)
+  list(GET spec 2 topk)
+  list(GET spec 3 nodes)
+  set(draft_flag)
+  if(algo STREQUAL "EAGLE3")
+    set(draft_flag --speculative-draft-model-path "${DIR}-draft")
+  endif()
+  execute_process(COMMAND "${KIMI}" ${greedy} --speculative-algorithm ${algo} ${draft_flag}
+                          --speculative-num-steps ${steps} --speculative-eagle-topk ${topk}
+                          --speculative-num-draft-tokens ${nodes}
+                  OUTPUT_VARIABLE spec_out ERROR_VARIABLE spec_err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "generate ${spec} failed (${rc}): ${spec_out}${spec_err}")
+  endif()
+  string(JSON spec_ids GET "${spec_out}" output_ids)
+  if(NOT spec_ids STREQUAL plain_ids)
+    message(FATAL_ERROR "${spec}: output ${spec_ids} differs from plain decoding ${plain_ids}")
+  endif()
+  string(JSON accept GET "${spec_out}" accept_length)
+  string(JSON verifies GET "${spec_out}" verify_ct)
+  string(JSON per_position LENGTH "${spec_out}" per_position_accept)
+  if(accept LESS 1 OR verifies LESS 1 OR per_position LESS 1)
+    message(FATAL_ERROR "${spec}: accept_length ${accept}, verify_ct ${verifies}: ${spec_out}")
+  endif()
+  if(NOT spec_err MATCHES "speculative config: ${algo} .*topk=${topk} steps=${steps} nodes=${nodes}")
+    message(FATAL_ERROR "${spec}: no effective configuration line on stderr: ${spec_err}")
+  endif()
+endforeach()
+
+function(expect_refusal what pattern)
+  run_kimi(out rc ${greedy} ${ARGN})
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "${pattern}")
+    message(FATAL_ERROR "${what}: exit ${rc}, expected 1 and /${pattern}/: ${out}")
+  endif()
+endfunction()
+expect_refusal("EAGLE on an EAGLE-3 draft" "this checkpoint is an EAGLE-3 draft.*use --speculative-algorithm EAGLE3"
+               --speculative-algorithm EAGLE --speculative-draft-model-path "${DIR}-draft"
+               --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4)
+expect_refusal("a chain of 16 nodes in 1 step" "must be --speculative-num-steps \\+ 1 = 2, got 16"
+               --speculative-algorithm EAGLE3 --speculative-draft-model-path "${DIR}-draft"
+               --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 16)
+expect_refusal("an uncompiled tree" "no compiled policy for EAGLE3 layers=\\[0,1,2\\] topk=2.*compiled:"
+               --speculative-algorithm EAGLE3 --speculative-draft-model-path "${DIR}-draft"
+               --speculative-num-steps 2 --speculative-eagle-topk 2 --speculative-num-draft-tokens 4)
+expect_refusal("a draft with NGRAM" "uses no draft model"
+               --speculative-algorithm NGRAM --speculative-draft-model-path "${DIR}-draft"
+               --speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3)
+expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
+               --speculative-algorithm NGRAM --speculative-num-steps 2)
+message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless")
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft")

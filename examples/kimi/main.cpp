@@ -6,11 +6,25 @@
 //   specdec-kimi inspect --model-path DIR
 //       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
 //       count and bytes, and whether the routed experts are INT4
+//   specdec-kimi init-random ... --draft eagle3 --layers 0,1,2 --draft-out DIR [--draft-vocab V]
+//       also writes a random EAGLE-3 draft (SpecForge layout) for that target into DIR
 //   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N [--temperature T]
-//                         [--seed S] [--device cpu|cuda] [--ignore-eos] [--page-size P] [--json]
-//       plain decoding (no speculation) on the CPU or the CUDA executor (GPU 0; this binary is
-//       compiled as CUDA where the build has CUDA); --json prints one object with
-//       output_ids, tokens_per_s (output tokens / wall time of prefill + decode) and the timings
+//                         [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--ignore-eos]
+//                         [--page-size P] [--json]
+//                         [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]
+//                         [--speculative-draft-model-path DIR] [--speculative-num-steps S]
+//                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
+//                         [--no-self-check]
+//       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
+//       the build has CUDA). On the CPU every run goes through engine/spec_engine.hpp (NONE:
+//       plain decoding in the same loop); the flags select one of ServedPolicies below (the
+//       EAGLE3 layer set is the draft checkpoint's), an inconsistent or uncompiled combination is
+//       an error naming the fix, and the effective configuration is printed in one line on
+//       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
+//       warn when nothing is accepted. Speculation runs on the CPU executor only; --device cuda
+//       decodes plainly. --json prints one object: output_ids, tokens_per_s (output tokens / wall
+//       time), the timings, and with the engine accept_length, accept_rate,
+//       per_position_accept, verify_ct and the time split.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
@@ -19,6 +33,7 @@
 // flag (exit 2); a failed load or write prints the Status (exit 1).
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,9 +50,14 @@
 #include "specdec/core/cuda.cuh"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #endif
+#include "specdec/core/dispatch.hpp"
+#include "specdec/engine/self_check.hpp"
+#include "specdec/engine/spec_engine.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/eagle3/config.hpp"
+#include "specdec/model/eagle3/random_checkpoint.hpp"
 #include "specdec/model/kimi/dequantize_checkpoint.hpp"
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
@@ -48,14 +68,35 @@ namespace {
 
 using specdec::Status;
 
+// The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults (core/dispatch.hpp)
+// and, for the tiny preset's 4 layers, EAGLE-3 over layers [0, 1, 2] (what `init-random --draft
+// eagle3 --layers 0,1,2` writes) plus n-gram chains and trees.
+using TinyLayers = specdec::Layers<0, 1, 2>;
+template <class Tree>
+using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
+template <class Tree>
+using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree, specdec::Eager>;
+using ServedPolicies = specdec::PolicyList<
+    specdec::KimiK25Eagle3Chain<specdec::Eager>, specdec::KimiK25Eagle3Top4<specdec::Eager>,
+    specdec::KimiK25Eagle3Top8<specdec::Eager>, specdec::KimiK25NGramChain<specdec::Eager>,
+    specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<3>>,
+    TinyEagle3<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
+    NGramPolicy<specdec::TreeShape<4, 2, 8>>>;
+
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]\n"
                "                                [--int4] [--shards N] [--num-layers L]\n"
+               "                                [--draft eagle3 --layers 0,1,2 --draft-out DIR\n"
+               "                                 [--draft-vocab V]]\n"
                "       specdec-kimi inspect --model-path DIR\n"
                "       specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N\n"
-               "                             [--temperature T] [--seed S] [--device cpu|cuda]\n"
-               "                             [--ignore-eos] [--page-size P] [--json]\n"
+               "                             [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+               "                             [--device cpu|cuda] [--ignore-eos] [--page-size P]\n"
+               "                             [--json] [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]\n"
+               "                             [--speculative-draft-model-path DIR]\n"
+               "                             [--speculative-num-steps S] [--speculative-eagle-topk K]\n"
+               "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
                "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
 }
 
@@ -135,12 +176,26 @@ Status load_checkpoint(std::string const& path, LoadedCheckpoint* m) {
   return s;
 }
 
+// "1,2,3" -> {1, 2, 3}; any other text is a usage error naming the flag.
+template <class T>
+std::vector<T> number_list(char const* flag, std::string const& text) {
+  std::vector<T> values;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t const end = std::min(text.find(',', begin), text.size());
+    values.push_back(number<T>(flag, text.substr(begin, end - begin).c_str()));
+    begin = end + 1;
+  }
+  return values;
+}
+
 int init_random(int argc, char** argv) {
-  std::string preset, out;
+  std::string preset, out, draft, draft_out, layers;
   uint64_t seed = 0;
   bool int4 = false;
   int shards = 1;
   std::optional<int> num_layers;
+  specdec::model::eagle3::Eagle3RandomOptions draft_options;
   for (Flags f(argc, argv); f.next();) {
     if (f.is("--preset")) preset = f.value();
     else if (f.is("--out")) out = f.value();
@@ -148,18 +203,42 @@ int init_random(int argc, char** argv) {
     else if (f.is("--int4")) int4 = true;
     else if (f.is("--shards")) shards = f.number<int>();
     else if (f.is("--num-layers")) num_layers = f.number<int>();
+    else if (f.is("--draft")) draft = f.value();
+    else if (f.is("--layers")) layers = f.value();
+    else if (f.is("--draft-out")) draft_out = f.value();
+    else if (f.is("--draft-vocab")) draft_options.draft_vocab_size = f.number<int>();
     else f.unknown();
   }
   if (preset.empty()) fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
   if (out.empty()) fail_usage("init-random needs --out DIR");
+  if (!draft.empty() && draft != "eagle3") {
+    if (draft == "eagle") {
+      return finish(Status::Unsupported(
+          "--draft eagle: EAGLE-1/2 drafts are not built yet; use --draft eagle3"));
+    }
+    fail_usage("--draft " + draft + ": use eagle3");
+  }
+  if (draft.empty() != draft_out.empty() || draft.empty() != layers.empty()) {
+    fail_usage("--draft, --layers and --draft-out go together (e.g. --draft eagle3 --layers "
+               "0,1,2 --draft-out DIR)");
+  }
   specdec::io::ProgressBar bar("write " + out);
-  Status const s = specdec::model::kimi::write_random_preset(out, preset, seed, int4, shards,
-                                                              num_layers, bar.callback());
+  Status s = specdec::model::kimi::write_random_preset(out, preset, seed, int4, shards, num_layers,
+                                                       bar.callback());
   bar.finish();
+  if (!s.ok()) return finish(s);
+  std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu) to %s\n", preset.c_str(),
+              int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
+              static_cast<unsigned long long>(seed), out.c_str());
+  if (draft.empty()) return 0;
+  specdec::io::DeepseekV3Config target;
+  s = specdec::io::load_config(out, &target);
+  if (!s.ok()) return finish(s);
+  std::vector<int> const ids = number_list<int>("--layers", layers);
+  s = specdec::model::eagle3::write_random_eagle3(draft_out, target, ids, seed + 1, draft_options);
   if (s.ok()) {
-    std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu) to %s\n", preset.c_str(),
-                int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
-                static_cast<unsigned long long>(seed), out.c_str());
+    std::printf("wrote a random EAGLE-3 draft (layers %s) to %s\n",
+                specdec::format_layers(ids).c_str(), draft_out.c_str());
   }
   return finish(s);
 }
@@ -184,77 +263,203 @@ int inspect(int argc, char** argv) {
   return 0;
 }
 
-// "1,2,3" -> {1, 2, 3}; any other text is a usage error naming the flag.
-std::vector<int32_t> id_list(char const* flag, std::string const& text) {
-  std::vector<int32_t> ids;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t const end = std::min(text.find(',', begin), text.size());
-    ids.push_back(number<int32_t>(flag, text.substr(begin, end - begin).c_str()));
-    begin = end + 1;
+// The generate flags of one run.
+struct GenerateFlags {
+  std::string path, device = "cpu", input, draft_path;
+  specdec::model::kimi::GenerateOptions o;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  bool json = false, self_check = true;
+  specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
+};
+
+// The timings and speculation figures of the JSON output.
+void add_metrics(specdec::engine::SpecMetrics const& m, nlohmann::json* j) {
+  (*j)["accept_length"] = m.accept_length();
+  (*j)["accept_rate"] = m.accept_rate();
+  (*j)["per_position_accept"] = m.per_position_accept();
+  (*j)["verify_ct"] = m.verify_ct;
+  (*j)["proposed_drafts"] = m.proposed();
+  (*j)["accepted_drafts"] = m.accepted();
+  (*j)["time_s"] = {{"prefill", m.prefill_s}, {"draft", m.draft_s},   {"build", m.build_s},
+                    {"verify", m.verify_s},   {"commit", m.commit_s}, {"extend", m.extend_s}};
+}
+
+// One request through SpecEngine<P, CpuExecutor>: draft loaded for P, self-check, generation.
+template <class P>
+Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
+                  specdec::model::kimi::KimiCpuModel const& target,
+                  std::vector<int32_t> const& ids, nlohmann::json* j) {
+  namespace eagle3 = specdec::model::eagle3;
+  using Engine = specdec::engine::SpecEngine<P, specdec::CpuExecutor>;
+  eagle3::Eagle3CpuModel draft;
+  if constexpr (P::kKind == specdec::DraftKind::kEagle3) {
+    specdec::io::ProgressBar bar("load draft " + g.draft_path);
+    Status const s = eagle3::load_eagle3_cpu_model(g.draft_path, m.config,
+                                                   target.embed_tokens.data(), P::kKind,
+                                                   P::Layers::ids(), specdec::describe<P>(),
+                                                   &draft);
+    bar.finish();
+    SPECDEC_RETURN_IF_ERROR(s);
   }
-  return ids;
+  Engine engine;
+  specdec::engine::EngineOptions eo;
+  eo.page_size = g.o.page_size;
+  SPECDEC_RETURN_IF_ERROR(Engine::create(
+      &target, P::kKind == specdec::DraftKind::kEagle3 ? &draft : nullptr, eo, &engine));
+  std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
+               g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
+  if (g.self_check && P::kKind != specdec::DraftKind::kNone) {
+    specdec::engine::SelfCheckReport report;
+    SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(engine, m.config.vocab_size, &report));
+    std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
+                 report.metrics.accept_length(),
+                 static_cast<long long>(report.metrics.verify_ct));
+    if (!report.warning.empty()) std::fprintf(stderr, "%s\n", report.warning.c_str());
+  }
+  specdec::engine::GenerationRequest r;
+  r.prompt = ids;
+  r.max_new_tokens = g.o.max_new_tokens;
+  r.temperature = g.o.temperature;
+  r.top_k = g.top_k;
+  r.top_p = g.top_p;
+  r.seed = g.o.seed;
+  r.stop_at_eos = g.o.stop_at_eos;
+  std::vector<specdec::engine::GenerationResult> out;
+  specdec::engine::SpecMetrics total;
+  auto const t0 = std::chrono::steady_clock::now();
+  SPECDEC_RETURN_IF_ERROR(engine.generate({&r, 1}, &out, &total));
+  double const seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *j = {{"output_ids", out[0].output_ids},
+        {"finish_reason", out[0].stopped_at_eos ? "eos" : "length"},
+        {"prompt_tokens", ids.size()},
+        {"device", g.device},
+        {"speculative_config", specdec::describe<P>()},
+        {"tokens_per_s", seconds > 0 ? out[0].output_ids.size() / seconds : 0.0},
+        {"seconds", seconds}};
+  add_metrics(total, j);
+  return Status::Ok();
 }
 
 int generate(int argc, char** argv) {
-  std::string path, device = "cpu", input;
-  specdec::model::kimi::GenerateOptions o;
-  bool json = false, have_max = false;
+  GenerateFlags g;
+  bool have_max = false, have_steps = false, have_topk = false, have_nodes = false;
   for (Flags f(argc, argv); f.next();) {
-    if (f.is("--model-path")) path = f.value();
-    else if (f.is("--input-ids")) input = f.value();
-    else if (f.is("--max-new-tokens")) o.max_new_tokens = f.number<int>(), have_max = true;
-    else if (f.is("--temperature")) o.temperature = f.number<float>();
-    else if (f.is("--seed")) o.seed = f.number<uint64_t>();
-    else if (f.is("--device")) device = f.value();
-    else if (f.is("--page-size")) o.page_size = f.number<int>();
-    else if (f.is("--ignore-eos")) o.stop_at_eos = false;
-    else if (f.is("--json")) json = true;
+    if (f.is("--model-path")) g.path = f.value();
+    else if (f.is("--input-ids")) g.input = f.value();
+    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
+    else if (f.is("--temperature")) g.o.temperature = f.number<float>();
+    else if (f.is("--top-k")) g.top_k = f.number<int32_t>();
+    else if (f.is("--top-p")) g.top_p = f.number<float>();
+    else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
+    else if (f.is("--device")) g.device = f.value();
+    else if (f.is("--page-size")) g.o.page_size = f.number<int>();
+    else if (f.is("--ignore-eos")) g.o.stop_at_eos = false;
+    else if (f.is("--json")) g.json = true;
+    else if (f.is("--no-self-check")) g.self_check = false;
+    else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
+    else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
+    else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), have_steps = true;
+    else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), have_topk = true;
+    else if (f.is("--speculative-num-draft-tokens"))
+      g.spec.num_draft_tokens = f.number<int>(), have_nodes = true;
     else f.unknown();
   }
-  if (path.empty()) fail_usage("generate needs --model-path DIR");
-  if (input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
+  if (g.path.empty()) fail_usage("generate needs --model-path DIR");
+  if (g.input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
   if (!have_max) fail_usage("generate needs --max-new-tokens N");
-  if (device != "cpu" && device != "cuda") fail_usage("--device " + device + ": use cpu or cuda");
+  if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
+  bool const speculative = g.spec.algorithm != "NONE";
+  if (speculative && !(have_steps && have_topk && have_nodes)) {
+    // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
+    return finish(Status::InvalidArgument(
+        "--speculative-algorithm " + g.spec.algorithm +
+        " needs --speculative-num-steps, --speculative-eagle-topk and "
+        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); none is defaulted"));
+  }
 #if defined(__CUDACC__)
-  if (device == "cuda" && !specdec::cuda_device_available()) {
+  if (g.device == "cuda" && !specdec::cuda_device_available()) {
     return finish(Status::Unsupported("--device cuda: no CUDA device is visible; use --device cpu"));
   }
 #else
-  if (device == "cuda") {
+  if (g.device == "cuda") {
     return finish(Status::Unsupported(
         "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
   }
 #endif
-  std::vector<int32_t> const ids = id_list("--input-ids", input);
-  LoadedCheckpoint m;
-  Status s = load_checkpoint(path, &m);
+  if (g.device == "cuda" && (speculative || g.top_k != 0 || g.top_p != 1.0f)) {
+    return finish(Status::Unsupported(
+        "--device cuda decodes without speculation and samples by temperature only for now; "
+        "drop --speculative-algorithm / --top-k / --top-p, or use --device cpu"));
+  }
+  std::vector<int32_t> const ids = number_list<int32_t>("--input-ids", g.input);
+  // The configuration is checked against both config.json files before any weight is read.
+  specdec::io::DeepseekV3Config target_config;
+  Status s = specdec::io::load_config(g.path, &target_config);
   if (!s.ok()) return finish(s);
-  specdec::model::kimi::GenerateResult r;
-  if (device == "cpu") {
-    specdec::model::kimi::KimiCpuModel model;
-    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &model);
+  g.spec.num_target_layers = target_config.num_hidden_layers;
+  specdec::DraftKind kind{};
+  if (!specdec::parse_draft_kind(g.spec.algorithm, &kind)) return finish(specdec::validate(g.spec));
+  bool const drafts_with_model =
+      kind == specdec::DraftKind::kEagle3 || kind == specdec::DraftKind::kEagle;
+  if (drafts_with_model && g.draft_path.empty()) {
+    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                          " needs --speculative-draft-model-path DIR"));
+  }
+  if (!drafts_with_model && !g.draft_path.empty()) {
+    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                          " uses no draft model, but "
+                                          "--speculative-draft-model-path was given: drop it, or "
+                                          "use EAGLE3 for an EAGLE-3 draft"));
+  }
+  if (drafts_with_model) {
+    // The layer set is the checkpoint's record; a draft of the other algorithm is named as such.
+    specdec::model::eagle3::Eagle3Config draft;
+    s = specdec::model::eagle3::read_eagle3_config(g.draft_path,
+                                                   target_config.num_hidden_layers, &draft);
     if (!s.ok()) return finish(s);
-    s = specdec::model::kimi::kimi_generate(specdec::CpuExecutor{}, model, m.config, ids, o, &r);
+    s = specdec::model::eagle3::check_eagle3_draft_fits(draft, kind, draft.layers,
+                                                        "--speculative-algorithm " +
+                                                            g.spec.algorithm);
+    if (!s.ok()) return finish(s);
+    if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
+  }
+  // Validated and matched to a compiled bundle (a dry dispatch) before the weights load.
+  s = specdec::dispatch<ServedPolicies>(g.spec, [](auto) -> Status { return Status::Ok(); });
+  if (!s.ok()) return finish(s);
+  LoadedCheckpoint m;
+  s = load_checkpoint(g.path, &m);
+  if (!s.ok()) return finish(s);
+  nlohmann::json j;
+  if (g.device == "cpu") {
+    specdec::model::kimi::KimiCpuModel target;
+    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
+    if (!s.ok()) return finish(s);
+    s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return run_engine<P>(g, m, target, ids, &j);
+    });
+    if (!s.ok()) return finish(s);
   }
 #if defined(__CUDACC__)
-  if (device == "cuda") {
+  if (g.device == "cuda") {
     specdec::model::kimi::KimiCudaModel model;
     s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &model);
     if (!s.ok()) return finish(s);
-    s = specdec::model::kimi::kimi_generate(specdec::CudaExecutor{}, model, ids, o, &r);
+    specdec::model::kimi::GenerateResult r;
+    s = specdec::model::kimi::kimi_generate(specdec::CudaExecutor{}, model, ids, g.o, &r);
+    if (!s.ok()) return finish(s);
+    j = {{"output_ids", r.output_ids},
+         {"finish_reason", r.stopped_at_eos ? "eos" : "length"},
+         {"prompt_tokens", ids.size()},
+         {"device", g.device},
+         {"tokens_per_s", r.tokens_per_s},
+         {"decode_tokens_per_s", r.decode_tokens_per_s},
+         {"prefill_seconds", r.prefill_seconds},
+         {"decode_seconds", r.decode_seconds}};
   }
 #endif
-  if (!s.ok()) return finish(s);
-  nlohmann::json const j = {{"output_ids", r.output_ids},
-                            {"finish_reason", r.stopped_at_eos ? "eos" : "length"},
-                            {"prompt_tokens", ids.size()},
-                            {"device", device},
-                            {"tokens_per_s", r.tokens_per_s},
-                            {"decode_tokens_per_s", r.decode_tokens_per_s},
-                            {"prefill_seconds", r.prefill_seconds},
-                            {"decode_seconds", r.decode_seconds}};
-  std::printf("%s\n", json ? j.dump().c_str() : j.dump(2).c_str());
+  std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }
 
