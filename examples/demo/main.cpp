@@ -265,6 +265,11 @@ int run(Exec exec, Options const& o, char const* where) {
     fail(step_counter.upload(std::vector<uint32_t>(B, step)), "upload");
 
     // 1. Propose: the draft expands `steps` times from the root, then the best N-1 form the tree.
+    specdec::ops::DraftSelectBuffers select{
+        B,          V,                     K,                  S,
+        cand_tokens.data(), cand_scores.data(), cand_parent.data(), next_scores.data(),
+        next_slots.data(),  frontier_tokens.data(), next_draft_tokens.data(), next_branch.data(),
+        workspace.data(),   workspace_bytes};
     fail(frontier_scores.upload(std::vector<float>(B * K, 0.0f)), "upload");
     fail(frontier_slots.upload(std::vector<int32_t>(B * K, -1)), "upload");
     for (int s = 0; s < S; ++s) {
@@ -273,42 +278,17 @@ int run(Exec exec, Options const& o, char const* where) {
       } else {
         gather_rows(exec, draft_d.data(), frontier_tokens.data(), B * K, V, draft_logits.data());
       }
-      specdec::ops::DraftExpandParams e;
-      e.logits = draft_logits.data();
-      e.frontier_scores = frontier_scores.data();
-      e.frontier_slots = frontier_slots.data();
-      e.batch = B;
-      e.vocab = V;
-      e.topk = K;
-      e.steps = S;
-      e.step = s;
-      e.cand_tokens = cand_tokens.data();
-      e.cand_scores = cand_scores.data();
-      e.cand_parent = cand_parent.data();
-      e.next_scores = next_scores.data();
-      e.next_slots = next_slots.data();
-      e.next_tokens = frontier_tokens.data();
-      e.next_draft_tokens = next_draft_tokens.data();
-      e.next_branch = next_branch.data();
-      e.workspace = workspace.data();
-      e.workspace_bytes = workspace_bytes;
+      select.next_scores = next_scores.data();  // swapped with the frontier after each step
+      select.next_slots = next_slots.data();
+      specdec::ops::DraftExpandParams const e =
+          select.expand(s, draft_logits.data(), frontier_scores.data(), frontier_slots.data(),
+                        nullptr);
       fail(specdec::ops::draft_expand(exec, e), "draft_expand");
       std::swap(frontier_scores, next_scores);
       std::swap(frontier_slots, next_slots);
     }
-    specdec::ops::DraftFinalizeParams f;
-    f.cand_tokens = cand_tokens.data();
-    f.cand_scores = cand_scores.data();
-    f.cand_parent = cand_parent.data();
-    f.root_tokens = roots.data();
-    f.batch = B;
-    f.topk = K;
-    f.steps = S;
-    f.nodes = N;
-    f.tokens = tokens.data();
-    f.parents = parents.data();
-    f.node_slot = node_slot.data();
-    f.status = select_status.data();
+    specdec::ops::DraftFinalizeParams const f = select.finalize(
+        roots.data(), N, tokens.data(), parents.data(), node_slot.data(), select_status.data());
     fail(specdec::ops::draft_finalize(exec, f), "draft_finalize");
 
     // 2. Build: masks, positions, links.

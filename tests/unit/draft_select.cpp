@@ -57,26 +57,15 @@ struct Draft {
         next_draft(batch * topk),
         next_branch(batch * topk) {}
 
+  specdec::ops::DraftSelectBuffers buffers() {
+    return specdec::ops::DraftSelectBuffers{
+        B,                  Vd,                 K,                  steps,
+        cand_tokens.data(), cand_scores.data(), cand_parent.data(), next_scores.data(),
+        next_slots.data(),  next_tokens.data(), next_draft.data(),  next_branch.data()};
+  }
   DraftExpandParams expand_params(int step, F const& logits, F const& fscores, V const& fslots) {
-    DraftExpandParams p;
-    p.logits = logits.data();
-    p.frontier_scores = fscores.data();
-    p.frontier_slots = fslots.data();
-    p.d2t = d2t.empty() ? nullptr : d2t.data();
-    p.batch = B;
-    p.vocab = Vd;
-    p.topk = K;
-    p.steps = steps;
-    p.step = step;
-    p.cand_tokens = cand_tokens.data();
-    p.cand_scores = cand_scores.data();
-    p.cand_parent = cand_parent.data();
-    p.next_scores = next_scores.data();
-    p.next_slots = next_slots.data();
-    p.next_tokens = next_tokens.data();
-    p.next_draft_tokens = next_draft.data();
-    p.next_branch = next_branch.data();
-    return p;
+    return buffers().expand(step, logits.data(), fscores.data(), fslots.data(),
+                            d2t.empty() ? nullptr : d2t.data());
   }
   Status expand(int step, F const& logits, F const& fscores, V const& fslots) {
     return specdec::ops::draft_expand(CpuExecutor{}, expand_params(step, logits, fscores, fslots));
@@ -86,26 +75,15 @@ struct Draft {
 struct Tree {
   V tokens, parents, node_slot, status;
   F scores;
-  DraftFinalizeParams params(Draft const& d, int N, V const& roots) {
+  DraftFinalizeParams params(Draft& d, int N, V const& roots) {
     tokens.assign(d.B * N, -77);
     parents.assign(d.B * N, -77);
     node_slot.assign(d.B * N, -77);
     scores.assign(d.B * N, -77.0f);
     status.assign(d.B, -77);
-    DraftFinalizeParams p;
-    p.cand_tokens = d.cand_tokens.data();
-    p.cand_scores = d.cand_scores.data();
-    p.cand_parent = d.cand_parent.data();
-    p.root_tokens = roots.data();
-    p.batch = d.B;
-    p.topk = d.K;
-    p.steps = d.steps;
-    p.nodes = N;
-    p.tokens = tokens.data();
-    p.parents = parents.data();
-    p.node_slot = node_slot.data();
+    DraftFinalizeParams p = d.buffers().finalize(
+        roots.data(), N, tokens.data(), parents.data(), node_slot.data(), status.data());
     p.node_scores = scores.data();
-    p.status = status.data();
     return p;
   }
 };

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "specdec/engine/self_check.hpp"
-#include "specdec/model/eagle3/random_checkpoint.hpp"
 #include "specdec/model/kimi/generate.hpp"
 #include "support/chi_square.hpp"
+#include "support/engine_cases.hpp"
 #include "support/kimi_model.hpp"
 #include "support/status_checks.hpp"
 #include "support/testing.hpp"
@@ -39,12 +39,11 @@ using engine::SpecMetrics;
 namespace kimi = specdec::model::kimi;
 namespace eagle3 = specdec::model::eagle3;
 
-using TinyLayers = Layers<0, 1, 2>;
-template <class Tree>
-using E3 = SpecPolicy<Eagle3, TinyLayers, Tree, Eager>;
-template <class Tree>
-using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
-using Plain = SpecPolicy<NoDraft, Layers<>, NoTree, Eager>;
+using testing::E3;
+using testing::greedy_request;
+using testing::NG;
+using testing::Plain;
+using testing::TinyLayers;
 
 // The tiny target and its draft, written and loaded once for every test of this file.
 struct Models {
@@ -55,21 +54,17 @@ struct Models {
 };
 
 Models const& models() {
-  static Models* m = [] {
-    auto* m = new Models;
-    testing::load_tiny_kimi(m->tmp.path / "target", /*int4=*/false, /*seed=*/11, &m->tiny);
-    Status s = kimi::load_kimi_cpu_model(m->tiny.weights, m->tiny.config, &m->target);
+  static Models m;
+  static bool const loaded = [] {
+    testing::load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11, &m.tiny);
+    Status s = kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.target);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
-    std::string const dir = (m->tmp.path / "draft").string();
-    s = eagle3::write_random_eagle3(dir, m->tiny.config, TinyLayers::ids(), /*seed=*/5, {});
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    s = eagle3::load_eagle3_cpu_model(dir, m->tiny.config, m->target.embed_tokens.data(),
-                                      DraftKind::kEagle3, TinyLayers::ids(), "the test policy",
-                                      &m->draft);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    return m;
+    testing::load_tiny_draft(m.tmp.path / "draft", m.tiny.config, m.target.embed_tokens.data(),
+                             &m.draft);
+    return true;
   }();
-  return *m;
+  (void)loaded;
+  return m;
 }
 
 template <class P>
@@ -92,20 +87,8 @@ std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests
   return out;
 }
 
-// Three requests of different lengths, budgets and stop rules.
 std::vector<GenerationRequest> mixed_requests() {
-  std::mt19937 rng(3);
-  int const V = static_cast<int>(models().tiny.config.vocab_size);
-  std::vector<GenerationRequest> r(3);
-  r[0].prompt = testing::random_tokens(rng, 3, V);
-  r[0].max_new_tokens = 21;
-  r[1].prompt = {40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42};
-  r[1].max_new_tokens = 13;
-  r[1].stop_at_eos = false;
-  r[2].prompt = testing::random_tokens(rng, 17, V);
-  r[2].max_new_tokens = 26;
-  r[2].stop_at_eos = false;
-  return r;
+  return testing::mixed_requests(static_cast<int>(models().tiny.config.vocab_size), true);
 }
 
 template <class P>
@@ -143,8 +126,8 @@ TEST_CASE("engine: plain decoding through the engine equals kimi_generate") {
     o.max_new_tokens = requests[r].max_new_tokens;
     o.stop_at_eos = requests[r].stop_at_eos;
     kimi::GenerateResult g;
-    Status const s = kimi::kimi_generate(CpuExecutor{}, m.target, m.tiny.config,
-                                         requests[r].prompt, o, &g);
+    Status const s =
+        kimi::kimi_generate(CpuExecutor{}, m.target, m.tiny.config, requests[r].prompt, o, &g);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     CHECK(want[r].output_ids == g.output_ids);
     CHECK(want[r].metrics.accept_length() == doctest::Approx(1.0));
@@ -166,15 +149,6 @@ TEST_CASE("engine: greedy output with every draft equals plain decoding") {
   check_lossless<NG<TreeShape<4, 2, 8>>>(requests, want);
 }
 
-// A greedy request of n new tokens after prompt.
-GenerationRequest greedy_request(std::vector<int32_t> prompt, int n) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = n;
-  r.stop_at_eos = false;
-  return r;
-}
-
 TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetitive text") {
   // Greedy decoding of the random target drifts into repeats ("217 217 217 ...", recurring
   // runs of 5-6 tokens) within 200 tokens, which prompt lookup then drafts.
@@ -183,8 +157,8 @@ TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetiti
   SpecMetrics total;
   auto const got = run<NG<Chain<4>>>({r}, &total);
   CHECK(got[0].output_ids == plain[0].output_ids);
-  MESSAGE("n-gram chain 4: accept length " << total.accept_length() << " over "
-                                           << total.verify_ct << " verifies");
+  MESSAGE("n-gram chain 4: accept length " << total.accept_length() << " over " << total.verify_ct
+                                           << " verifies");
   CHECK(total.accept_length() > 1.0);
   CHECK(total.verify_ct < plain[0].metrics.verify_ct);
 }
@@ -202,7 +176,8 @@ TEST_CASE("engine: a seed reproduces sampled output") {
   for (auto& q : requests) q.seed += 1000;
   auto const c = run<E3<TreeShape<4, 3, 16>>>(requests);
   bool differs = false;
-  for (size_t r = 0; r < requests.size(); ++r) differs = differs || a[r].output_ids != c[r].output_ids;
+  for (size_t r = 0; r < requests.size(); ++r)
+    differs = differs || a[r].output_ids != c[r].output_ids;
   CHECK(differs);
 }
 
@@ -278,8 +253,7 @@ void check_two_token_distribution(GenerationRequest const& base, int draws) {
   auto const [stat, dof] = testing::chi2(counts, probs);
   double const pv = testing::chi2_pvalue(stat, dof);
   MESSAGE(describe<P>() << ": chi2 " << stat << " dof " << dof << " p-value " << pv
-                        << ", accepted drafts " << total.accepted() << " of "
-                        << total.proposed());
+                        << ", accepted drafts " << total.accepted() << " of " << total.proposed());
   CHECK(pv >= 1e-4);
   if constexpr (P::kKind == DraftKind::kNGram) CHECK(total.accepted() > 0);
   if constexpr (P::kKind != DraftKind::kNone) CHECK(total.proposed() > 0);
@@ -314,8 +288,7 @@ TEST_CASE("engine: the draft model must match the policy") {
   using Reordered = SpecPolicy<Eagle3, Layers<2, 1, 0>, Chain<3>, Eager>;
   SpecEngine<Reordered, CpuExecutor> re;
   testing::check_error(SpecEngine<Reordered, CpuExecutor>::create(&m.target, &m.draft, {}, &re),
-                       StatusCode::kInvalidArgument,
-                       {"[0,1,2]", "[2,1,0]", "different order"});
+                       StatusCode::kInvalidArgument, {"[0,1,2]", "[2,1,0]", "different order"});
   using Eagle1 = SpecPolicy<Eagle, Layers<>, Chain<3>, Eager>;
   SpecEngine<Eagle1, CpuExecutor> e1;
   testing::check_error(SpecEngine<Eagle1, CpuExecutor>::create(&m.target, nullptr, {}, &e1),

@@ -81,9 +81,9 @@ struct SpecMetrics {
   std::vector<double> per_position_accept() const {
     std::vector<double> out;
     for (size_t d = 1; d < accepted_at_depth.size(); ++d) {
-      out.push_back(verify_ct ? static_cast<double>(accepted_at_depth[d]) /
-                                    static_cast<double>(verify_ct)
-                              : 0.0);
+      out.push_back(verify_ct
+                        ? static_cast<double>(accepted_at_depth[d]) / static_cast<double>(verify_ct)
+                        : 0.0);
     }
     return out;
   }

@@ -42,18 +42,22 @@ inline std::string self_check_warning(DraftKind kind, SpecMetrics const& m) {
   if (kind == DraftKind::kNone || m.verify_ct == 0 || m.accept_length() > 1.0) return "";
   std::string w = "WARNING: speculative self-check: accept length " +
                   std::to_string(m.accept_length()) + " over " + std::to_string(m.verify_ct) +
-                  " verifies on the built-in prompt: the target rejected every draft token (" +
-                  std::to_string(m.proposed()) + " proposed). Speculation only costs time like " +
-                  "this. Likely causes: ";
+                  " verifies on the built-in prompt: " +
+                  (m.proposed() == 0 ? std::string("no draft token was proposed")
+                                     : "the target rejected every draft token (" +
+                                           std::to_string(m.proposed()) + " proposed)") +
+                  ". Speculation only costs time like this. Likely causes: ";
   if (kind == DraftKind::kNGram) {
-    return w + "the text has no repeated n-grams (normal for some prompts; n-gram drafting pays "
-               "off on repetitive text), or the n-gram sizes are too long.";
+    return w +
+           "the text has no repeated n-grams (normal for some prompts; n-gram drafting pays "
+           "off on repetitive text), or the n-gram sizes are too long.";
   }
-  return w + "the hidden-state layer set or its order differs from training (check "
-             "eagle_aux_hidden_state_layer_ids against the target); the algorithm is wrong "
-             "(an EAGLE-3 draft run as EAGLE or the reverse); the draft's vocabulary map "
-             "(d2t / t2d) belongs to another tokenizer; the draft was trained for another target "
-             "(or has random weights). Skip this check with --no-self-check.";
+  return w +
+         "the hidden-state layer set or its order differs from training (check "
+         "eagle_aux_hidden_state_layer_ids against the target); the algorithm is wrong "
+         "(an EAGLE-3 draft run as EAGLE or the reverse); the draft's vocabulary map "
+         "(d2t / t2d) belongs to another tokenizer; the draft was trained for another target "
+         "(or has random weights). Skip this check with --no-self-check.";
 }
 
 template <class Engine>
@@ -65,9 +69,9 @@ Status self_check(Engine const& engine, int64_t vocab, SelfCheckReport* out) {
   r.stop_at_eos = false;
   std::vector<GenerationResult> results;
   SelfCheckReport report;
-  SPECDEC_RETURN_IF_ERROR(engine.generate(std::span<GenerationRequest const>(&r, 1), &results,
-                                          &report.metrics)
-                              .prefixed("self-check: "));
+  SPECDEC_RETURN_IF_ERROR(
+      engine.generate(std::span<GenerationRequest const>(&r, 1), &results, &report.metrics)
+          .prefixed("self-check: "));
   report.warning = self_check_warning(Engine::kKind, report.metrics);
   *out = std::move(report);
   return Status::Ok();

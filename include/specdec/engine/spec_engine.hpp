@@ -36,8 +36,13 @@
 // kPathCapacity past max_position_embeddings, a temperature that is negative or not finite, top_p
 // outside (0, 1]; EAGLE (EAGLE-1/2) drafts are not built yet and say so.
 //
-// SpecEngine is built for CpuExecutor (host memory, the CPU Kimi executor and the draft's CPU
-// forward); there is no CUDA engine yet.
+// Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
+//   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU references
+//   SpecEngine<P, CudaExecutor>  (CUDA translation units) the CUDA Kimi forward, verify and
+//                                kv_commit kernels on the device logits and cache; proposals,
+//                                tree_build and the EAGLE-3 draft run on the host (the draft's
+//                                CUDA forward does not exist yet), and the host reads each step's
+//                                acceptance back
 #pragma once
 
 #include <algorithm>
@@ -55,19 +60,20 @@
 #include "specdec/core/philox.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
+#include "specdec/engine/batch.hpp"
 #include "specdec/engine/metrics.hpp"
+#include "specdec/engine/target_cpu.hpp"
 #include "specdec/model/eagle3/forward_cpu.hpp"
-#include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
-#include "specdec/model/kimi/mla_cache.hpp"
 #include "specdec/ops/draft_select/draft_select.hpp"
-#include "specdec/ops/kv_commit/kv_commit.hpp"
 #include "specdec/ops/ngram_lookup/ngram_lookup.hpp"
-#include "specdec/ops/sample/sample.hpp"
 #include "specdec/ops/tree_build/tree_build.hpp"
-#include "specdec/ops/verify_greedy/verify_greedy.hpp"
-#include "specdec/ops/verify_sample/verify_sample.hpp"
 #include "specdec/policy/spec_policy.hpp"
+
+#if defined(__CUDACC__)
+#include "specdec/core/cuda.cuh"
+#include "specdec/engine/target_cuda.cuh"
+#endif
 
 namespace specdec::engine {
 
@@ -109,8 +115,7 @@ inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest con
     return Status::InvalidArgument(who + ": top_p " + std::to_string(r.top_p) +
                                    " outside (0, 1] (1 means no top-p)");
   }
-  int64_t const need =
-      static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + path_capacity - 1;
+  int64_t const need = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + path_capacity - 1;
   if (need > c.max_position_embeddings) {
     return Status::InvalidArgument(
         who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
@@ -121,36 +126,39 @@ inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest con
   return Status::Ok();
 }
 
-// Per-request sampling arrays of a batch (the layout ops::sample / verify_sample read).
-struct BatchSampling {
-  std::vector<float> temperature, top_p;
-  std::vector<int32_t> top_k;
-  std::vector<uint64_t> seed;
-  std::vector<uint32_t> step, request_id;
-  bool all_greedy = true;
+// The sampling arrays of the requests `batch` (indices into requests), step = each one's output
+// count so far, request id = its index.
+inline void fill_sampling(std::span<GenerationRequest const> requests, std::span<int const> batch,
+                          std::vector<GenerationResult> const& results, BatchSampling* s) {
+  s->resize(batch.size());
+  s->all_greedy = true;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    size_t const r = static_cast<size_t>(batch[b]);
+    s->temperature[b] = requests[r].temperature;
+    s->top_p[b] = requests[r].top_p;
+    s->top_k[b] = requests[r].top_k;
+    s->seed[b] = requests[r].seed;
+    s->step[b] = static_cast<uint32_t>(results[r].output_ids.size());
+    s->request_id[b] = static_cast<uint32_t>(batch[b]);
+    s->all_greedy = s->all_greedy && requests[r].temperature <= 0.0f;
+  }
+}
 
-  void fill(std::span<GenerationRequest const> requests, std::span<int const> batch,
-            std::vector<GenerationResult> const& results) {
-    size_t const B = batch.size();
-    temperature.resize(B), top_p.resize(B), top_k.resize(B), seed.resize(B), step.resize(B),
-        request_id.resize(B);
-    all_greedy = true;
-    for (size_t b = 0; b < B; ++b) {
-      GenerationRequest const& r = requests[static_cast<size_t>(batch[b])];
-      temperature[b] = r.temperature;
-      top_p[b] = r.top_p;
-      top_k[b] = r.top_k;
-      seed[b] = r.seed;
-      step[b] = static_cast<uint32_t>(results[static_cast<size_t>(batch[b])].output_ids.size());
-      request_id[b] = static_cast<uint32_t>(batch[b]);
-      all_greedy = all_greedy && r.temperature <= 0.0f;
-    }
-  }
-  ops::SamplingConfig config() const {
-    return ops::SamplingConfig{temperature.data(), top_k.data(), top_p.data()};
-  }
-  RandomKeys keys() const { return RandomKeys{seed.data(), step.data(), request_id.data()}; }
+// The target of each executor (engine/target_cpu.hpp, engine/target_cuda.cuh).
+template <class Exec>
+struct TargetFor {
+  static_assert(kDependentFalse<Exec>, "SpecEngine: no target for this executor");
 };
+template <>
+struct TargetFor<CpuExecutor> {
+  using type = CpuTarget;
+};
+#if defined(__CUDACC__)
+template <>
+struct TargetFor<CudaExecutor> {
+  using type = CudaTarget;
+};
+#endif
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
@@ -161,16 +169,10 @@ inline double seconds_since(Clock::time_point t0) {
 
 template <SpecPolicyBundle P, class Exec>
 class SpecEngine {
-  static_assert(std::is_same_v<Exec, CpuExecutor>,
-                "SpecEngine: only SpecEngine<Policy, CpuExecutor> is built; there is no CUDA "
-                "engine yet");
-};
-
-template <SpecPolicyBundle P>
-class SpecEngine<P, CpuExecutor> {
  public:
   using Policy = P;
-  using TargetModel = model::kimi::KimiCpuModel;
+  using Target = typename detail::TargetFor<Exec>::type;
+  using TargetModel = typename Target::Model;
   using DraftModel = model::eagle3::Eagle3CpuModel;
   static constexpr DraftKind kKind = P::kKind;
   static constexpr int kNodes = P::kNodes;
@@ -179,13 +181,14 @@ class SpecEngine<P, CpuExecutor> {
   // Deepest accepted path + 1: an n-gram tree may be a chain of all N nodes.
   static constexpr int kPathCapacity = kKind == DraftKind::kNGram ? kNodes : kSteps + 1;
 
-  static Status create(TargetModel const* target, DraftModel const* draft,
-                       EngineOptions const& options, SpecEngine* out) {
+  static Status create(TargetModel* target, DraftModel const* draft, EngineOptions const& options,
+                       SpecEngine* out, Exec exec = Exec{}) {
     std::string const fn = "SpecEngine<" + describe<P>() + ">::create: ";
     auto bad = [&](std::string m) { return Status::InvalidArgument(fn + m); };
     if (out == nullptr) return bad("out is null");
     if (target == nullptr) return bad("the target model is null");
-    if (options.page_size < 1) return bad("page_size " + std::to_string(options.page_size) + " < 1");
+    if (options.page_size < 1)
+      return bad("page_size " + std::to_string(options.page_size) + " < 1");
     if constexpr (kKind == DraftKind::kEagle) {
       return Status::Unsupported(fn +
                                  "EAGLE (EAGLE-1/2) drafts are not built yet; serve an EAGLE-3 "
@@ -197,8 +200,7 @@ class SpecEngine<P, CpuExecutor> {
       }
       SPECDEC_RETURN_IF_ERROR(
           check_draft_fits<P>(DraftKind::kEagle3, draft->layers()).prefixed(fn));
-      int64_t const width =
-          static_cast<int64_t>(P::kLayerCount) * target->config.hidden_size;
+      int64_t const width = static_cast<int64_t>(P::kLayerCount) * target->config.hidden_size;
       if (draft->feature_width() != width) {
         return bad("the draft's fc reads " + std::to_string(draft->feature_width()) +
                    " features, the target gives |layer set| " + std::to_string(P::kLayerCount) +
@@ -219,6 +221,7 @@ class SpecEngine<P, CpuExecutor> {
     out->target_ = target;
     out->draft_ = draft;
     out->options_ = options;
+    out->exec_ = exec;
     return Status::Ok();
   }
 
@@ -251,14 +254,20 @@ class SpecEngine<P, CpuExecutor> {
     std::vector<GenerationResult> results;
     std::vector<std::vector<int32_t>> history;  // prompt + output per request
     std::vector<int> active;                    // running request indices, increasing
-    model::kimi::MlaCache cache;                // target KV; RequestId = request index
+    Target target;                              // target KV; RequestId = request index
     model::eagle3::Eagle3Cache draft_cache;     // EAGLE3
     std::vector<std::vector<float>> draft_logits, draft_hidden;  // EAGLE3: last extend's row
-    SpecMetrics batch_time;                     // phase times, once per batch phase
+    SpecMetrics batch_time;  // phase times, once per batch phase
 
     Run(SpecEngine const& engine, std::span<GenerationRequest const> reqs)
-        : e(engine), cfg(engine.target_->config), requests(reqs), V(cfg.vocab_size),
-          results(reqs.size()), history(reqs.size()), draft_logits(reqs.size()),
+        : e(engine),
+          cfg(engine.target_->config),
+          requests(reqs),
+          V(cfg.vocab_size),
+          results(reqs.size()),
+          history(reqs.size()),
+          target(engine.target_, engine.exec_),
+          draft_logits(reqs.size()),
           draft_hidden(reqs.size()) {
       for (GenerationResult& r : results) r.metrics.reserve_depth(kPathCapacity - 1);
       batch_time.reserve_depth(kPathCapacity - 1);
@@ -300,14 +309,15 @@ class SpecEngine<P, CpuExecutor> {
       std::vector<int> pages(static_cast<size_t>(R));
       for (int r = 0; r < R; ++r) {
         GenerationRequest const& q = requests[static_cast<size_t>(r)];
-        pages[static_cast<size_t>(r)] = static_cast<int>(ceil_div<int64_t>(
-            static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens + kNodes,
-            e.options_.page_size));
+        pages[static_cast<size_t>(r)] = static_cast<int>(
+            ceil_div<int64_t>(static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens + kNodes,
+                              e.options_.page_size));
         total_pages += pages[static_cast<size_t>(r)];
         max_pages = std::max(max_pages, pages[static_cast<size_t>(r)]);
       }
-      SPECDEC_RETURN_IF_ERROR(model::kimi::MlaCache::create_for(
-          cfg, e.options_.page_size, static_cast<int>(total_pages), max_pages, &cache));
+      SPECDEC_RETURN_IF_ERROR(
+          target.create_cache(e.options_.page_size, static_cast<int>(total_pages), max_pages));
+      model::kimi::MlaCache& cache = target.table();
       std::vector<int> all(static_cast<size_t>(R));
       std::iota(all.begin(), all.end(), 0);
       std::vector<int32_t> counts, tokens;
@@ -327,50 +337,37 @@ class SpecEngine<P, CpuExecutor> {
           SPECDEC_RETURN_IF_ERROR(draft_cache.add_request(r));
         }
       }
-      std::vector<float> logits, aux;
       auto const ids = ids_of(all);
-      SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_prefill(CpuExecutor{}, *e.target_, &cache, ids,
-                                                        counts, tokens, aux_layers(), &logits,
-                                                        &aux));
+      SPECDEC_RETURN_IF_ERROR(target.prefill(ids, counts, tokens, aux_layers()));
       // The first token of every request from its prompt's last row.
-      std::vector<float> last(static_cast<size_t>(R * V));
-      std::vector<int64_t> first_row(static_cast<size_t>(R));
+      std::vector<int64_t> first_row(static_cast<size_t>(R)), last_row(static_cast<size_t>(R));
       int64_t row = 0;
       for (int r = 0; r < R; ++r) {
         first_row[static_cast<size_t>(r)] = row;
         row += counts[static_cast<size_t>(r)];
-        std::copy_n(logits.begin() + (row - 1) * V, V, last.begin() + r * V);
+        last_row[static_cast<size_t>(r)] = row - 1;
       }
-      detail::BatchSampling s;
-      s.fill(requests, all, results);
-      std::vector<int32_t> drawn(static_cast<size_t>(R)), status(static_cast<size_t>(R));
-      ops::SampleParams sp;
-      sp.logits = last.data();
-      sp.batch = R;
-      sp.vocab = static_cast<int>(V);
-      sp.config = s.config();
-      sp.keys = s.keys();
-      sp.tokens = drawn.data();
-      sp.status = status.data();
-      SPECDEC_RETURN_IF_ERROR(ops::sample(CpuExecutor{}, sp));
-      SPECDEC_RETURN_IF_ERROR(ops::check_sample_status(status.data(), R));
+      BatchSampling s;
+      detail::fill_sampling(requests, all, results, &s);
+      std::vector<int32_t> drawn;
+      SPECDEC_RETURN_IF_ERROR(target.sample_rows(last_row, s, &drawn));
       for (int r = 0; r < R; ++r) {
         if (!push(r, drawn[static_cast<size_t>(r)])) active.push_back(r);
       }
       if constexpr (kKind == DraftKind::kEagle3) {
         // Draft entry i of a prompt: token i + 1 (the drawn token after the last) with the
         // target's aux features of token i.
-        int64_t const F = static_cast<int64_t>(aux.size()) / row;
         std::vector<int32_t> d_counts, d_tokens;
-        std::vector<float> d_features;
+        std::vector<int64_t> rows;
         for (int r : active) {
           auto const& h = history[static_cast<size_t>(r)];
           int64_t const T = counts[static_cast<size_t>(r)];
           d_counts.push_back(static_cast<int32_t>(T));
           d_tokens.insert(d_tokens.end(), h.begin() + 1, h.begin() + T + 1);
-          auto const from = aux.begin() + first_row[static_cast<size_t>(r)] * F;
-          d_features.insert(d_features.end(), from, from + T * F);
+          for (int64_t i = 0; i < T; ++i) rows.push_back(first_row[static_cast<size_t>(r)] + i);
         }
+        std::vector<float> d_features;
+        SPECDEC_RETURN_IF_ERROR(target.aux_rows(rows, &d_features));
         SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_features));
       }
       add_time(&SpecMetrics::prefill_s, detail::seconds_since(t0), all);
@@ -384,9 +381,8 @@ class SpecEngine<P, CpuExecutor> {
       if (batch.empty()) return Status::Ok();
       auto const ids = ids_of(batch);
       std::vector<float> hidden, logits;
-      SPECDEC_RETURN_IF_ERROR(model::eagle3::eagle3_extend(CpuExecutor{}, *e.draft_, &draft_cache,
-                                                           ids, counts, tokens, features,
-                                                           &hidden, &logits));
+      SPECDEC_RETURN_IF_ERROR(model::eagle3::eagle3_extend(
+          CpuExecutor{}, *e.draft_, &draft_cache, ids, counts, tokens, features, &hidden, &logits));
       int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
       for (size_t b = 0; b < batch.size(); ++b) {
         size_t const r = static_cast<size_t>(batch[b]);
@@ -451,7 +447,8 @@ class SpecEngine<P, CpuExecutor> {
           next_tokens(static_cast<size_t>(B) * K), next_draft(static_cast<size_t>(B) * K),
           next_branch(static_cast<size_t>(B) * K), frontier_slots(static_cast<size_t>(B) * K, -1);
       std::vector<float> cand_scores(static_cast<size_t>(B) * C),
-          next_scores(static_cast<size_t>(B) * K), frontier_scores(static_cast<size_t>(B) * K, 0.0f);
+          next_scores(static_cast<size_t>(B) * K),
+          frontier_scores(static_cast<size_t>(B) * K, 0.0f);
       // Step 0's logits (one branch per request: the root) and the branches' hidden / scratch.
       std::vector<float> logits(static_cast<size_t>(B * Vd)), hidden(static_cast<size_t>(B * H));
       std::vector<int32_t> scratch(static_cast<size_t>(B), -1);
@@ -460,6 +457,18 @@ class SpecEngine<P, CpuExecutor> {
         std::copy(draft_logits[r].begin(), draft_logits[r].end(), logits.begin() + b * Vd);
         std::copy(draft_hidden[r].begin(), draft_hidden[r].end(), hidden.begin() + b * H);
       }
+      ops::DraftSelectBuffers const buffers{B,
+                                            static_cast<int>(Vd),
+                                            K,
+                                            S,
+                                            cand_tokens.data(),
+                                            cand_scores.data(),
+                                            cand_parent.data(),
+                                            next_scores.data(),
+                                            next_slots.data(),
+                                            next_tokens.data(),
+                                            next_draft.data(),
+                                            next_branch.data()};
       int branches = 1;
       for (int s = 0; s < S; ++s) {
         if (s > 0) {
@@ -480,48 +489,22 @@ class SpecEngine<P, CpuExecutor> {
           frontier_slots = next_slots;
           branches = K;
         }
-        ops::DraftExpandParams x;
-        x.logits = logits.data();
-        x.frontier_scores = frontier_scores.data();
-        x.frontier_slots = frontier_slots.data();
-        x.d2t = e.draft_->d2t.data();
-        x.batch = B;
-        x.vocab = static_cast<int>(Vd);
-        x.topk = K;
-        x.steps = S;
-        x.step = s;
-        x.cand_tokens = cand_tokens.data();
-        x.cand_scores = cand_scores.data();
-        x.cand_parent = cand_parent.data();
-        x.next_scores = next_scores.data();
-        x.next_slots = next_slots.data();
-        x.next_tokens = next_tokens.data();
-        x.next_draft_tokens = next_draft.data();
-        x.next_branch = next_branch.data();
+        ops::DraftExpandParams const x = buffers.expand(
+            s, logits.data(), frontier_scores.data(), frontier_slots.data(), e.draft_->d2t.data());
         SPECDEC_RETURN_IF_ERROR(ops::draft_expand(CpuExecutor{}, x));
       }
-      std::vector<int32_t> roots(static_cast<size_t>(B)), node_slot(static_cast<size_t>(B) * kNodes),
-          status(static_cast<size_t>(B));
-      for (int b = 0; b < B; ++b) roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
-      ops::DraftFinalizeParams f;
-      f.cand_tokens = cand_tokens.data();
-      f.cand_scores = cand_scores.data();
-      f.cand_parent = cand_parent.data();
-      f.root_tokens = roots.data();
-      f.batch = B;
-      f.topk = K;
-      f.steps = S;
-      f.nodes = kNodes;
-      f.tokens = tokens->data();
-      f.parents = parents->data();
-      f.node_slot = node_slot.data();
-      f.status = status.data();
+      std::vector<int32_t> roots(static_cast<size_t>(B)),
+          node_slot(static_cast<size_t>(B) * kNodes), status(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b)
+        roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
+      ops::DraftFinalizeParams const f = buffers.finalize(
+          roots.data(), kNodes, tokens->data(), parents->data(), node_slot.data(), status.data());
       SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(CpuExecutor{}, f));
       for (int b = 0; b < B; ++b) {
         if (status[static_cast<size_t>(b)] != ops::kDraftSelectOk) {
           return Status::Internal("SpecEngine: draft_finalize status " +
-                                  std::to_string(status[static_cast<size_t>(b)]) +
-                                  " for request " + std::to_string(batch[b]));
+                                  std::to_string(status[static_cast<size_t>(b)]) + " for request " +
+                                  std::to_string(batch[b]));
         }
       }
       return Status::Ok();
@@ -545,7 +528,7 @@ class SpecEngine<P, CpuExecutor> {
       std::vector<int32_t> prefix(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {
         int64_t length = 0;
-        SPECDEC_RETURN_IF_ERROR(cache.length(batch[static_cast<size_t>(b)], &length));
+        SPECDEC_RETURN_IF_ERROR(target.table().length(batch[static_cast<size_t>(b)], &length));
         prefix[static_cast<size_t>(b)] = static_cast<int32_t>(length);
       }
       TreeInput const tree{tokens.data(), parents.data(), node_count.data(), B, N};
@@ -579,10 +562,7 @@ class SpecEngine<P, CpuExecutor> {
           row[i >> 5] |= 1u << (i & 31);
         }
       }
-      std::vector<float> logits, aux;
-      SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_verify(CpuExecutor{}, *e.target_, &cache, ids, N,
-                                                       v_tokens, v_positions, v_mask,
-                                                       aux_layers(), &logits, &aux));
+      SPECDEC_RETURN_IF_ERROR(target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers()));
       add_time(&SpecMetrics::verify_s, detail::seconds_since(t), batch);
 
       // 4. Accept, 5. commit.
@@ -591,51 +571,15 @@ class SpecEngine<P, CpuExecutor> {
       Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
                             tree_status.data()};
-      detail::BatchSampling s;
-      s.fill(requests, batch, results);
-      if (s.all_greedy) {
-        std::vector<int32_t> argmax(BN);
-        ops::VerifyGreedyParams vg;
-        vg.tree = tree;
-        vg.links = links;
-        vg.logits = logits.data();
-        vg.vocab = static_cast<int>(V);
-        vg.argmax_scratch = argmax.data();
-        vg.out = acc;
-        SPECDEC_RETURN_IF_ERROR(ops::verify_greedy(CpuExecutor{}, vg));
-      } else {
-        std::vector<int32_t> status(static_cast<size_t>(B));
-        ops::VerifySampleParams vs;
-        vs.tree = tree;
-        vs.links = links;
-        vs.logits = logits.data();
-        vs.vocab = static_cast<int>(V);
-        vs.config = s.config();
-        vs.keys = s.keys();
-        vs.out = acc;
-        vs.status = status.data();
-        SPECDEC_RETURN_IF_ERROR(ops::verify_sample(CpuExecutor{}, vs));
-        SPECDEC_RETURN_IF_ERROR(ops::check_sample_status(status.data(), B));
-      }
-      std::vector<int32_t> table, prefix_len, seq_len(static_cast<size_t>(B)),
-          commit_status(static_cast<size_t>(B));
-      ops::KvCommitParams kc;
-      SPECDEC_RETURN_IF_ERROR(cache.kv_commit_params(ids, &table, &prefix_len, &kc));
-      kc.acceptance = acc;
-      kc.seq_len_out = seq_len.data();
-      kc.status = commit_status.data();
-      SPECDEC_RETURN_IF_ERROR(ops::kv_commit(CpuExecutor{}, kc));
+      BatchSampling s;
+      detail::fill_sampling(requests, batch, results, &s);
+      SPECDEC_RETURN_IF_ERROR(target.accept(tree, links, s, acc));
+      SPECDEC_RETURN_IF_ERROR(target.commit(ids, acc));
       std::vector<int> still;
       std::vector<int32_t> d_counts, d_tokens;
-      std::vector<float> d_features;
-      int64_t const F = B > 0 ? static_cast<int64_t>(aux.size()) / static_cast<int64_t>(BN) : 0;
+      std::vector<int64_t> d_rows;
       for (int b = 0; b < B; ++b) {
         int const r = batch[static_cast<size_t>(b)];
-        if (commit_status[static_cast<size_t>(b)] != ops::kKvCommitOk) {
-          return Status::Internal("SpecEngine: kv_commit of request " + std::to_string(r) + ": " +
-                                  ops::kv_commit_error_name(commit_status[static_cast<size_t>(b)]));
-        }
-        SPECDEC_RETURN_IF_ERROR(cache.commit(r, seq_len[static_cast<size_t>(b)]));
         int const a = num_accepted[static_cast<size_t>(b)];
         std::vector<int> proposed_depths;
         for (int i = 1; i < node_count[static_cast<size_t>(b)]; ++i) {
@@ -645,8 +589,8 @@ class SpecEngine<P, CpuExecutor> {
         // The committed tokens: the accepted drafts, then the bonus / correction.
         std::vector<int32_t> committed;
         for (int k = 1; k <= a; ++k) {
-          committed.push_back(tokens[static_cast<size_t>(b) * N +
-                                     path[static_cast<size_t>(b) * P_cap + k]]);
+          committed.push_back(
+              tokens[static_cast<size_t>(b) * N + path[static_cast<size_t>(b) * P_cap + k]]);
         }
         committed.push_back(next_token[static_cast<size_t>(b)]);
         bool done = false;
@@ -660,9 +604,8 @@ class SpecEngine<P, CpuExecutor> {
           d_counts.push_back(a + 1);
           d_tokens.insert(d_tokens.end(), committed.begin(), committed.end());
           for (int k = 0; k <= a; ++k) {
-            int64_t const node = path[static_cast<size_t>(b) * P_cap + k];
-            auto const from = aux.begin() + (static_cast<int64_t>(b) * N + node) * F;
-            d_features.insert(d_features.end(), from, from + F);
+            d_rows.push_back(static_cast<int64_t>(b) * N +
+                             path[static_cast<size_t>(b) * P_cap + k]);
           }
         }
       }
@@ -672,6 +615,8 @@ class SpecEngine<P, CpuExecutor> {
       // 6. Draft extend.
       if constexpr (kKind == DraftKind::kEagle3) {
         t = detail::Clock::now();
+        std::vector<float> d_features;
+        SPECDEC_RETURN_IF_ERROR(target.aux_rows(d_rows, &d_features));
         SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_features));
         add_time(&SpecMetrics::extend_s, detail::seconds_since(t), active);
       }
@@ -692,9 +637,10 @@ class SpecEngine<P, CpuExecutor> {
     }
   };
 
-  TargetModel const* target_ = nullptr;
+  TargetModel* target_ = nullptr;
   DraftModel const* draft_ = nullptr;
   EngineOptions options_;
+  Exec exec_{};
 };
 
 }  // namespace specdec::engine

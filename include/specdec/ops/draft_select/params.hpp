@@ -150,6 +150,68 @@ struct DraftFinalizeParams {
   TreeInput tree() const { return TreeInput{tokens, parents, nullptr, batch, nodes}; }
 };
 
+// The buffers one proposal's draft_expand steps and its draft_finalize share (executor memory;
+// shapes as in DraftExpandParams), so callers fill each params struct in one place.
+struct DraftSelectBuffers {
+  int batch = 0;                         // B
+  int vocab = 0;                         // Vd
+  int topk = 0;
+  int steps = 0;
+  int32_t* cand_tokens = nullptr;        // [B, C]
+  float* cand_scores = nullptr;          // [B, C]
+  int32_t* cand_parent = nullptr;        // [B, C]
+  float* next_scores = nullptr;          // [B, topk]
+  int32_t* next_slots = nullptr;         // [B, topk]
+  int32_t* next_tokens = nullptr;        // [B, topk]
+  int32_t* next_draft_tokens = nullptr;  // [B, topk]
+  int32_t* next_branch = nullptr;        // [B, topk]
+  void* workspace = nullptr;             // CUDA only (DraftExpandParams::workspace)
+  size_t workspace_bytes = 0;
+
+  DraftExpandParams expand(int step, float const* logits, float const* frontier_scores,
+                           int32_t const* frontier_slots, int64_t const* d2t) const {
+    DraftExpandParams p;
+    p.logits = logits;
+    p.frontier_scores = frontier_scores;
+    p.frontier_slots = frontier_slots;
+    p.d2t = d2t;
+    p.batch = batch;
+    p.vocab = vocab;
+    p.topk = topk;
+    p.steps = steps;
+    p.step = step;
+    p.cand_tokens = cand_tokens;
+    p.cand_scores = cand_scores;
+    p.cand_parent = cand_parent;
+    p.next_scores = next_scores;
+    p.next_slots = next_slots;
+    p.next_tokens = next_tokens;
+    p.next_draft_tokens = next_draft_tokens;
+    p.next_branch = next_branch;
+    p.workspace = workspace;
+    p.workspace_bytes = workspace_bytes;
+    return p;
+  }
+
+  DraftFinalizeParams finalize(int32_t const* root_tokens, int nodes, int32_t* tokens,
+                               int32_t* parents, int32_t* node_slot, int32_t* status) const {
+    DraftFinalizeParams p;
+    p.cand_tokens = cand_tokens;
+    p.cand_scores = cand_scores;
+    p.cand_parent = cand_parent;
+    p.root_tokens = root_tokens;
+    p.batch = batch;
+    p.topk = topk;
+    p.steps = steps;
+    p.nodes = nodes;
+    p.tokens = tokens;
+    p.parents = parents;
+    p.node_slot = node_slot;
+    p.status = status;
+    return p;
+  }
+};
+
 inline bool draft_topk_supported(int topk) {
   for (int k : kDraftSelectTopKs) {
     if (k == topk) return true;

@@ -1,0 +1,51 @@
+// What the engine and every executor's target share about one batch step, on the host:
+//   BatchSampling   per-request sampling arrays [B] (temperature, top_k, top_p, seed, step,
+//                   request id) in the layout ops::sample / ops::verify_sample read; all_greedy
+//   finish_commit   kv_commit's per-request status [B] checked, then each request's MlaCache
+//                   length advanced to seq_len [B]
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "specdec/core/philox.hpp"
+#include "specdec/core/status.hpp"
+#include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/ops/kv_commit/params.hpp"
+#include "specdec/ops/sample/params.hpp"
+
+namespace specdec::engine {
+
+struct BatchSampling {
+  std::vector<float> temperature, top_p;
+  std::vector<int32_t> top_k;
+  std::vector<uint64_t> seed;
+  std::vector<uint32_t> step, request_id;
+  bool all_greedy = true;
+
+  void resize(size_t batch) {
+    temperature.resize(batch), top_p.resize(batch), top_k.resize(batch), seed.resize(batch),
+        step.resize(batch), request_id.resize(batch);
+  }
+  ops::SamplingConfig config() const {
+    return ops::SamplingConfig{temperature.data(), top_k.data(), top_p.data()};
+  }
+  RandomKeys keys() const { return RandomKeys{seed.data(), step.data(), request_id.data()}; }
+};
+
+inline Status finish_commit(std::span<model::kimi::RequestId const> ids,
+                            std::vector<int32_t> const& status, std::vector<int32_t> const& seq_len,
+                            model::kimi::MlaCache* cache) {
+  for (size_t b = 0; b < ids.size(); ++b) {
+    if (status[b] != ops::kKvCommitOk) {
+      return Status::Internal("kv_commit of request " + std::to_string(ids[b]) + ": " +
+                              ops::kv_commit_error_name(status[b]));
+    }
+    SPECDEC_RETURN_IF_ERROR(cache->commit(ids[b], seq_len[b]));
+  }
+  return Status::Ok();
+}
+
+}  // namespace specdec::engine

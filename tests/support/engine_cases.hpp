@@ -1,0 +1,64 @@
+// Test support for the speculative engine on the tiny preset: the policies the engine tests
+// instantiate (EAGLE-3 over the tiny target's layers [0, 1, 2], n-gram, plain) and the requests
+// they run (a batch of three of different lengths and budgets; one greedy request).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "specdec/engine/spec_engine.hpp"
+#include "specdec/model/eagle3/random_checkpoint.hpp"
+#include "specdec/policy/spec_policy.hpp"
+#include "support/kimi_model.hpp"
+
+namespace specdec::testing {
+
+using TinyLayers = Layers<0, 1, 2>;
+template <class Tree>
+using E3 = SpecPolicy<Eagle3, TinyLayers, Tree, Eager>;
+template <class Tree>
+using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
+using Plain = SpecPolicy<NoDraft, Layers<>, NoTree, Eager>;
+
+// Writes the random EAGLE-3 draft of the tiny target (TinyLayers, seed 5) into `dir` and loads
+// it over `embedding`, the target's fp32 [V, H] embedding.
+inline void load_tiny_draft(std::filesystem::path const& dir, io::DeepseekV3Config const& target,
+                            float const* embedding, model::eagle3::Eagle3CpuModel* out) {
+  Status s = model::eagle3::write_random_eagle3(dir.string(), target, TinyLayers::ids(),
+                                                /*seed=*/5, {});
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  s = model::eagle3::load_eagle3_cpu_model(dir.string(), target, embedding, DraftKind::kEagle3,
+                                           TinyLayers::ids(), "the test policy", out);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+}
+
+// Three requests of different lengths and budgets; the first stops at an eos id when
+// `first_stops_at_eos`.
+inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool first_stops_at_eos) {
+  std::mt19937 rng(3);
+  std::vector<engine::GenerationRequest> r(3);
+  r[0].prompt = random_tokens(rng, 3, vocab);
+  r[0].max_new_tokens = 21;
+  r[0].stop_at_eos = first_stops_at_eos;
+  r[1].prompt = {40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42};
+  r[1].max_new_tokens = 13;
+  r[1].stop_at_eos = false;
+  r[2].prompt = random_tokens(rng, 17, vocab);
+  r[2].max_new_tokens = 26;
+  r[2].stop_at_eos = false;
+  return r;
+}
+
+// A greedy request of n new tokens after prompt, eos ignored.
+inline engine::GenerationRequest greedy_request(std::vector<int32_t> prompt, int n) {
+  engine::GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = n;
+  r.stop_at_eos = false;
+  return r;
+}
+
+}  // namespace specdec::testing
