@@ -6,10 +6,9 @@
 # brings back few files.
 #   scripts/device_run.sh [all|tests|parity|bench|kimi]... [--bench-filter REGEX]
 # kimi (not in all): writes the kimi-k2.5 preset with $SPECDEC_KIMI_LAYERS (default 2) layers and
-# INT4 experts at real dimensions and decodes 32 tokens on the CUDA executor (a smoke run of the
-# real shapes and a tokens/s figure for that many layers). 14.4 GB to write for 2 layers: the
-# writer took 25 min single-threaded (10 MB/s); it now generates tensors on every core, which
-# should bring it to a few minutes (not yet measured on the H200).
+# INT4 experts at real dimensions (14.4 GB for 2 layers, ~270 s) and generates 32 tokens on the
+# CUDA engine, plainly (NONE) and with an n-gram chain of 4: tokens/s and the time per verify of
+# each phase, whose ratio says at which accept length a chain of 4 pays on this model.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=() filter=.
@@ -70,13 +69,27 @@ if wants kimi; then
   layers=${SPECDEC_KIMI_LAYERS:-2}
   dir=$(mktemp -d)/kimi
   t0=$SECONDS
+  gen=($build/examples/specdec-kimi generate --model-path "$dir" --device cuda --json --ignore-eos
+       --max-new-tokens 32 --input-ids 1000,2000,3000,4000,5000,6000,7000,8000)
   if $build/examples/specdec-kimi init-random --preset kimi-k2.5 --num-layers "$layers" --int4 \
        --out "$dir" > "$logs/kimi.log" 2>&1 &&
      echo "--- kimi-k2.5, $layers layers, INT4 experts: written in $((SECONDS - t0)) s" >> "$summary" &&
-     $build/examples/specdec-kimi generate --model-path "$dir" --device cuda --json --ignore-eos \
-       --max-new-tokens 32 --input-ids 1000,2000,3000,4000,5000,6000,7000,8000 \
-       > "$logs/kimi.json" 2>> "$logs/kimi.log"; then
-    cat "$logs/kimi.json" >> "$summary"
+     "${gen[@]}" > "$logs/kimi.json" 2>> "$logs/kimi.log" &&
+     "${gen[@]}" --speculative-algorithm NGRAM --speculative-num-steps 4 \
+       --speculative-eagle-topk 1 --speculative-num-draft-tokens 5 \
+       > "$logs/kimi_ngram.json" 2>> "$logs/kimi.log"; then
+    # Per verify: the step time with 1 node (NONE) and with 5 (n-gram chain of 4); their ratio is
+    # the accept length at which a chain of 4 breaks even on this model.
+    python3 - "$logs/kimi.json" "$logs/kimi_ngram.json" >> "$summary" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    j = json.load(open(path))
+    t = j["time_s"]
+    per = {k: 1e3 * v / max(j["verify_ct"], 1) for k, v in t.items() if k != "prefill"}
+    print(j["speculative_config"], "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
+          % (j["decode_tokens_per_s"], j["accept_length"],
+             ", ".join("%s %.3f" % kv for kv in per.items())))
+PY
   else
     { echo "--- kimi FAILED"; tail -5 "$logs/kimi.log"; } >> "$summary"; status=1
   fi

@@ -16,15 +16,16 @@
 //                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
 //                         [--no-self-check]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
-//       the build has CUDA). On the CPU every run goes through engine/spec_engine.hpp (NONE:
-//       plain decoding in the same loop); the flags select one of ServedPolicies below (the
+//       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
+//       in the same loop); the flags select one of ServedPolicies below (the
 //       EAGLE3 layer set is the draft checkpoint's), an inconsistent or uncompiled combination is
 //       an error naming the fix, and the effective configuration is printed in one line on
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
-//       warn when nothing is accepted. Speculation runs on the CPU executor only; --device cuda
-//       decodes plainly. --json prints one object: output_ids, tokens_per_s (output tokens / wall
-//       time), the timings, and with the engine accept_length, accept_rate,
-//       per_position_accept, verify_ct and the time split.
+//       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
+//       on the GPU; the EAGLE-3 draft on the host). --json prints one object: output_ids,
+//       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
+//       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
+//       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
@@ -285,18 +286,18 @@ void add_metrics(specdec::engine::SpecMetrics const& m, nlohmann::json* j) {
                     {"verify", m.verify_s},   {"commit", m.commit_s}, {"extend", m.extend_s}};
 }
 
-// One request through SpecEngine<P, CpuExecutor>: draft loaded for P, self-check, generation.
-template <class P>
+// One request through SpecEngine<P, Exec>: draft loaded for P (its embedding the target's fp32
+// `embedding` [V, H]), self-check, generation.
+template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
-                  specdec::model::kimi::KimiCpuModel const& target,
-                  std::vector<int32_t> const& ids, nlohmann::json* j) {
+                  typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                  float const* embedding, std::vector<int32_t> const& ids, nlohmann::json* j) {
   namespace eagle3 = specdec::model::eagle3;
-  using Engine = specdec::engine::SpecEngine<P, specdec::CpuExecutor>;
+  using Engine = specdec::engine::SpecEngine<P, Exec>;
   eagle3::Eagle3CpuModel draft;
   if constexpr (P::kKind == specdec::DraftKind::kEagle3) {
     specdec::io::ProgressBar bar("load draft " + g.draft_path);
-    Status const s = eagle3::load_eagle3_cpu_model(g.draft_path, m.config,
-                                                   target.embed_tokens.data(), P::kKind,
+    Status const s = eagle3::load_eagle3_cpu_model(g.draft_path, m.config, embedding, P::kKind,
                                                    P::Layers::ids(), specdec::describe<P>(),
                                                    &draft);
     bar.finish();
@@ -306,7 +307,7 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
   SPECDEC_RETURN_IF_ERROR(Engine::create(
-      &target, P::kKind == specdec::DraftKind::kEagle3 ? &draft : nullptr, eo, &engine));
+      target, P::kKind == specdec::DraftKind::kEagle3 ? &draft : nullptr, eo, &engine));
   std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
                g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
   if (g.self_check && P::kKind != specdec::DraftKind::kNone) {
@@ -331,12 +332,17 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   SPECDEC_RETURN_IF_ERROR(engine.generate({&r, 1}, &out, &total));
   double const seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // After the prefill (and its first token): the speculative steps alone.
+  double const steps_s = total.draft_s + total.build_s + total.verify_s + total.commit_s +
+                         total.extend_s;
+  size_t const n = out[0].output_ids.size();
   *j = {{"output_ids", out[0].output_ids},
         {"finish_reason", out[0].stopped_at_eos ? "eos" : "length"},
         {"prompt_tokens", ids.size()},
         {"device", g.device},
         {"speculative_config", specdec::describe<P>()},
-        {"tokens_per_s", seconds > 0 ? out[0].output_ids.size() / seconds : 0.0},
+        {"tokens_per_s", seconds > 0 ? n / seconds : 0.0},
+        {"decode_tokens_per_s", steps_s > 0 && n > 1 ? (n - 1) / steps_s : 0.0},
         {"seconds", seconds}};
   add_metrics(total, j);
   return Status::Ok();
@@ -370,8 +376,7 @@ int generate(int argc, char** argv) {
   if (g.input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
   if (!have_max) fail_usage("generate needs --max-new-tokens N");
   if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
-  bool const speculative = g.spec.algorithm != "NONE";
-  if (speculative && !(have_steps && have_topk && have_nodes)) {
+  if (g.spec.algorithm != "NONE" && !(have_steps && have_topk && have_nodes)) {
     // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
     return finish(Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
@@ -388,11 +393,6 @@ int generate(int argc, char** argv) {
         "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
   }
 #endif
-  if (g.device == "cuda" && (speculative || g.top_k != 0 || g.top_p != 1.0f)) {
-    return finish(Status::Unsupported(
-        "--device cuda decodes without speculation and samples by temperature only for now; "
-        "drop --speculative-algorithm / --top-k / --top-p, or use --device cpu"));
-  }
   std::vector<int32_t> const ids = number_list<int32_t>("--input-ids", g.input);
   // The configuration is checked against both config.json files before any weight is read.
   specdec::io::DeepseekV3Config target_config;
@@ -437,26 +437,27 @@ int generate(int argc, char** argv) {
     s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P>(g, m, target, ids, &j);
+      return run_engine<P, specdec::CpuExecutor>(g, m, &target, target.embed_tokens.data(), ids,
+                                                 &j);
     });
     if (!s.ok()) return finish(s);
   }
 #if defined(__CUDACC__)
   if (g.device == "cuda") {
-    specdec::model::kimi::KimiCudaModel model;
-    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &model);
+    specdec::model::kimi::KimiCudaModel target;
+    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
-    specdec::model::kimi::GenerateResult r;
-    s = specdec::model::kimi::kimi_generate(specdec::CudaExecutor{}, model, ids, g.o, &r);
+    std::vector<float> embedding;  // the EAGLE-3 draft's (host) embedding
+    if (kind == specdec::DraftKind::kEagle3) {
+      s = specdec::model::kimi::detail::view_to_float(
+          m.weights.embed_tokens, m.config.vocab_size * m.config.hidden_size, "embed_tokens",
+          &embedding);
+      if (!s.ok()) return finish(s);
+    }
+    s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return run_engine<P, specdec::CudaExecutor>(g, m, &target, embedding.data(), ids, &j);
+    });
     if (!s.ok()) return finish(s);
-    j = {{"output_ids", r.output_ids},
-         {"finish_reason", r.stopped_at_eos ? "eos" : "length"},
-         {"prompt_tokens", ids.size()},
-         {"device", g.device},
-         {"tokens_per_s", r.tokens_per_s},
-         {"decode_tokens_per_s", r.decode_tokens_per_s},
-         {"prefill_seconds", r.prefill_seconds},
-         {"decode_seconds", r.decode_seconds}};
   }
 #endif
   std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
