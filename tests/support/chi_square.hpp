@@ -44,7 +44,8 @@ inline double chi2_pvalue(double x, int dof) {
 
 // Chi-square statistic of counts against probabilities (cells with p = 0 must be empty: any count
 // there makes the statistic infinite). Returns {statistic, dof}.
-inline std::pair<double, int> chi2(std::vector<int64_t> const& counts, std::vector<double> const& probs) {
+inline std::pair<double, int> chi2(std::vector<int64_t> const& counts,
+                                   std::vector<double> const& probs) {
   int64_t total = 0;
   for (auto c : counts) total += c;
   double stat = 0;
