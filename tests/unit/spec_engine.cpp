@@ -5,7 +5,8 @@
 //     the output of plain decoding through the same engine, token for token, and that equals
 //     kimi_generate's (an independent loop of prefill + decode);
 //   * n-gram drafting on a repetitive continuation accepts more than one token per verify;
-//   * sampling: a seed reproduces its output; the joint distribution of the first two sampled
+//   * sampling: a seed reproduces its output; greedy requests batched with a sampled one keep
+//     their greedy output; the joint distribution of the first two sampled
 //     tokens with speculation is the target's exact one (chi-square at p-value 1e-4), computed
 //     from the target's logits (top-k 3, temperature 1);
 //   * errors: a missing / superfluous draft, a draft whose layer order differs from the policy's,
@@ -161,6 +162,24 @@ TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetiti
                                            << " verifies");
   CHECK(total.accept_length() > 1.0);
   CHECK(total.verify_ct < plain[0].metrics.verify_ct);
+}
+
+TEST_CASE("engine: greedy requests keep their output in a batch with sampled ones") {
+  // A sampled request makes the batch verify with verify_sample, whose rule for a greedy request
+  // is greedy verification.
+  auto const want = run<Plain>(mixed_requests());
+  auto requests = mixed_requests();
+  requests[1].temperature = 0.9f;
+  requests[1].top_k = 40;
+  requests[1].seed = 3;
+  auto const tree = run<E3<TreeShape<4, 3, 16>>>(requests);
+  auto const chain = run<NG<Chain<5>>>(requests);
+  for (size_t r : {size_t{0}, size_t{2}}) {
+    CAPTURE(r);
+    CHECK(tree[r].output_ids == want[r].output_ids);
+    CHECK(chain[r].output_ids == want[r].output_ids);
+  }
+  CHECK(tree[1].output_ids.size() == 13);
 }
 
 TEST_CASE("engine: a seed reproduces sampled output") {
