@@ -2,9 +2,10 @@
 # Set-up, build and the main job on the embedded default: the Kimi reference binary on its tiny
 # random preset (a 4-layer DeepseekV3 / Kimi-K2.5-shaped target, written on the spot, with a
 # random EAGLE-3 draft over layers 0, 1, 2) generating 200 greedy tokens plainly, with an EAGLE-3
-# tree and with an n-gram chain (the same output, so the same checksum; accept length, per-position
-# acceptance and the time split printed; a random draft accepts ~nothing, prompt lookup accepts
-# where the greedy text repeats), then the synthetic draft/target demo, whose draft is good enough to show acceptance.
+# tree and with an n-gram chain: the same output, so the same checksum (on the CPU; on the GPU up
+# to near-ties), with the accept length, per-position acceptance and time split of each (a random
+# draft accepts ~nothing; prompt lookup accepts where the greedy text repeats). Then the synthetic
+# draft/target demo, whose draft is good enough to show acceptance.
 #   scripts/demo.sh [--device cuda]   (extra flags go to specdec-kimi generate)
 set -euo pipefail
 cd "$(dirname "$0")/.."

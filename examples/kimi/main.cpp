@@ -310,7 +310,9 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
       target, P::kKind == specdec::DraftKind::kEagle3 ? &draft : nullptr, eo, &engine));
   std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
                g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
-  if (g.self_check && P::kKind != specdec::DraftKind::kNone) {
+  // Also the warm-up of every run (NONE included, which it never warns about), so the timed
+  // request does not carry the first call's set-up.
+  if (g.self_check) {
     specdec::engine::SelfCheckReport report;
     SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(engine, m.config.vocab_size, &report));
     std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",

@@ -6,7 +6,7 @@
 //     kimi_generate's (an independent loop of prefill + decode);
 //   * n-gram drafting on a repetitive continuation accepts more than one token per verify;
 //   * sampling: a seed reproduces its output; greedy requests batched with a sampled one keep
-//     their greedy output; the joint distribution of the first two sampled
+//     their greedy output; the joint distribution of the first three sampled
 //     tokens with speculation is the target's exact one (chi-square at p-value 1e-4), computed
 //     from the target's logits (top-k 3, temperature 1);
 //   * errors: a missing / superfluous draft, a draft whose layer order differs from the policy's,
@@ -104,8 +104,8 @@ void check_lossless(std::vector<GenerationRequest> const& requests,
     CHECK(got[r].stopped_at_eos == want[r].stopped_at_eos);
     SpecMetrics const& m = got[r].metrics;
     CHECK(m.verify_ct >= 1);
-    // Every verify commits at least one token; the outputs after the first came from verifies.
-    CHECK(m.committed >= static_cast<int64_t>(got[r].output_ids.size()) - 1);
+    // The outputs after the first came from verifies, each at least one.
+    CHECK(m.committed == static_cast<int64_t>(got[r].output_ids.size()) - 1);
     CHECK(m.accept_length() >= 1.0);
     CHECK(m.per_position_accept().size() ==
           static_cast<size_t>(SpecEngine<P, CpuExecutor>::kPathCapacity - 1));
@@ -233,20 +233,26 @@ std::vector<float> last_logits(std::vector<int32_t> const& tokens) {
 }
 
 template <class P>
-void check_two_token_distribution(GenerationRequest const& base, int draws) {
+void check_three_token_distribution(GenerationRequest const& base, int draws) {
   CAPTURE(describe<P>());
   int64_t const V = models().tiny.config.vocab_size;
-  // Exact joint distribution of (x1, x2).
-  std::map<std::pair<int32_t, int32_t>, double> exact;
+  // Exact joint distribution of (x1, x2, x3): x1 from the prefill, x2 and x3 from verifies (a
+  // draft accepted at depth 1, then the bonus or a deeper draft, decides x3).
+  using Cell = std::vector<int32_t>;
+  std::map<Cell, double> exact;
   for (auto const& [x1, p1] : top_k_distribution(last_logits(base.prompt).data(), V, base.top_k)) {
-    std::vector<int32_t> context = base.prompt;
-    context.push_back(x1);
-    for (auto const& [x2, p2] : top_k_distribution(last_logits(context).data(), V, base.top_k)) {
-      exact[{x1, x2}] = p1 * p2;
+    std::vector<int32_t> c1 = base.prompt;
+    c1.push_back(x1);
+    for (auto const& [x2, p2] : top_k_distribution(last_logits(c1).data(), V, base.top_k)) {
+      std::vector<int32_t> c2 = c1;
+      c2.push_back(x2);
+      for (auto const& [x3, p3] : top_k_distribution(last_logits(c2).data(), V, base.top_k)) {
+        exact[{x1, x2, x3}] = p1 * p2 * p3;
+      }
     }
   }
   SpecMetrics total;
-  std::map<std::pair<int32_t, int32_t>, int64_t> seen;
+  std::map<Cell, int64_t> seen;
   int constexpr kBatch = 250;
   for (int first = 0; first < draws; first += kBatch) {
     std::vector<GenerationRequest> requests(static_cast<size_t>(std::min(kBatch, draws - first)),
@@ -256,8 +262,8 @@ void check_two_token_distribution(GenerationRequest const& base, int draws) {
     auto const out = run<P>(requests, &part);
     total.merge(part);
     for (auto const& r : out) {
-      REQUIRE(r.output_ids.size() == 2);
-      ++seen[{r.output_ids[0], r.output_ids[1]}];
+      REQUIRE(r.output_ids.size() == 3);
+      ++seen[r.output_ids];
     }
   }
   std::vector<int64_t> counts;
@@ -278,7 +284,7 @@ void check_two_token_distribution(GenerationRequest const& base, int draws) {
   if constexpr (P::kKind != DraftKind::kNone) CHECK(total.proposed() > 0);
 }
 
-TEST_CASE("engine: sampled speculation keeps the target's distribution of two tokens") {
+TEST_CASE("engine: sampled speculation keeps the target's distribution of three tokens") {
   // A prompt ending where greedy decoding repeats a token: the 48 tokens of the prompt and its
   // greedy continuation up to the second of three equal tokens, so the likely next tokens already
   // followed the last one in the text (n-gram drafts that get accepted).
@@ -288,12 +294,12 @@ TEST_CASE("engine: sampled speculation keeps the target's distribution of two to
   REQUIRE_MESSAGE(i + 1 < greedy.size(), "the target never repeats a token three times");
   REQUIRE(i >= 47);
   auto const end = greedy.begin() + static_cast<int64_t>(i) + 1;
-  GenerationRequest base = greedy_request(std::vector<int32_t>(end - 48, end), 2);
+  GenerationRequest base = greedy_request(std::vector<int32_t>(end - 48, end), 3);
   base.temperature = 1.0f;
   base.top_k = 3;
-  check_two_token_distribution<Plain>(base, 1500);
-  check_two_token_distribution<NG<Chain<3>>>(base, 1500);
-  check_two_token_distribution<E3<TreeShape<2, 2, 4>>>(base, 1500);
+  check_three_token_distribution<Plain>(base, 3000);
+  check_three_token_distribution<NG<Chain<3>>>(base, 3000);
+  check_three_token_distribution<E3<TreeShape<2, 2, 4>>>(base, 3000);
 }
 
 TEST_CASE("engine: the draft model must match the policy") {
@@ -340,14 +346,14 @@ TEST_CASE("engine: bad requests are refused by name") {
 
 TEST_CASE("engine: the self-check warns when nothing is accepted, naming the causes") {
   SpecMetrics none;
-  none.record_verify({1, 2, 3}, 0);
+  none.record_verify({1, 2, 3}, 0, 1);
   std::string const w = engine::self_check_warning(DraftKind::kEagle3, none);
   CHECK(testing::contains(w, "accept length 1.0"));
   CHECK(testing::contains(w, "layer set"));
   CHECK(testing::contains(w, "EAGLE-3 draft run as EAGLE"));
   CHECK(testing::contains(w, "d2t"));
   SpecMetrics some = none;
-  some.record_verify({1, 2, 3}, 2);
+  some.record_verify({1, 2, 3}, 2, 3);
   CHECK(engine::self_check_warning(DraftKind::kEagle3, some).empty());
   CHECK(engine::self_check_warning(DraftKind::kNone, none).empty());
   // On the built-in prompt through a real engine: a random draft for a random target.
@@ -362,9 +368,9 @@ TEST_CASE("engine: the self-check warns when nothing is accepted, naming the cau
 
 TEST_CASE("metrics: accept length, rate and per-position acceptance") {
   SpecMetrics m;
-  m.record_verify({1, 2, 3}, 3);  // a chain of 3, all accepted: 4 tokens
-  m.record_verify({1, 2, 3}, 1);  // 2 tokens
-  m.record_verify({1, 1, 2}, 0);  // a tree, nothing accepted: 1 token
+  m.record_verify({1, 2, 3}, 3, 4);  // a chain of 3, all accepted: 4 tokens
+  m.record_verify({1, 2, 3}, 1, 2);  // 2 tokens
+  m.record_verify({1, 1, 2}, 0, 1);  // a tree, nothing accepted: 1 token
   CHECK(m.verify_ct == 3);
   CHECK(m.committed == 7);
   CHECK(m.accept_length() == doctest::Approx(7.0 / 3.0));

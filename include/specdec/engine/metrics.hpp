@@ -2,8 +2,9 @@
 //
 // Counters, per verify (one target verify forward of one request):
 //   verify_ct                     verifies
-//   committed                     tokens committed by verifies (accepted drafts + the bonus /
-//                                 correction token each); the prefill's first token is not counted
+//   committed                     output tokens from verifies (accepted drafts + the bonus /
+//                                 correction token each, fewer where the request stopped); the
+//                                 prefill's first token is not counted
 //   proposed_at_depth [D]         draft nodes proposed at depth d (index 0, the root, unused)
 //   accepted_at_depth [D]         verifies whose accepted path reached depth d
 // Derived:
@@ -36,10 +37,12 @@ struct SpecMetrics {
   double extend_s = 0.0;
 
   // One verify: `proposed_depths` lists the depth of every draft node proposed (root excluded),
-  // `accepted` the accepted drafts (the path reaches depths 1..accepted).
-  void record_verify(std::vector<int> const& proposed_depths, int accepted) {
+  // `accepted` the accepted drafts the output took (the path reaches depths 1..accepted),
+  // `tokens` the tokens the output took: accepted + 1 (the bonus / correction), or fewer when the
+  // request stopped inside the path (eos, max_new_tokens).
+  void record_verify(std::vector<int> const& proposed_depths, int accepted, int tokens) {
     ++verify_ct;
-    committed += accepted + 1;
+    committed += tokens;
     for (int d : proposed_depths) {
       grow(d);
       ++proposed_at_depth[static_cast<size_t>(d)];

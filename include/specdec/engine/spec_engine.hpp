@@ -29,11 +29,14 @@
 //              accepted tokens and the bonus / correction token join the output
 //     extend   EAGLE3: the draft consumes the committed tokens with their aux features
 // Greedy output equals plain greedy decoding whatever the draft: only the target's logits decide.
+// Token for token on the CPU executor; on the CUDA executor up to near-ties, since a verify of N
+// rows rounds its bf16 GEMMs (and so may route or argmax a near-tie) unlike a forward of 1 row.
 //
 // Errors (Status, nothing adjusted): a missing or superfluous draft model, a draft that does not
 // fit the policy (algorithm, layer set and order, feature width, vocabulary), a request with an
 // empty prompt, an id outside the vocabulary, max_new_tokens < 1, prompt + max_new_tokens +
-// kPathCapacity past max_position_embeddings, a temperature that is negative or not finite, top_p
+// kPathCapacity - 1 past max_position_embeddings (the target's, and the EAGLE-3 draft's), a
+// temperature that is negative or not finite, top_p
 // outside (0, 1]; EAGLE (EAGLE-1/2) drafts are not built yet and say so.
 //
 // Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
@@ -207,6 +210,10 @@ class SpecEngine {
                    " x hidden " + std::to_string(target->config.hidden_size) + " = " +
                    std::to_string(width));
       }
+      if (draft->draft_vocab() < kTopK) {
+        return bad("the draft's vocabulary of " + std::to_string(draft->draft_vocab()) +
+                   " ids is smaller than the tree's topk " + std::to_string(kTopK));
+      }
       if (draft->vocab() != target->config.vocab_size) {
         return bad("the draft maps to a vocabulary of " + std::to_string(draft->vocab()) +
                    " ids, the target has " + std::to_string(target->config.vocab_size));
@@ -235,6 +242,20 @@ class SpecEngine {
                                                     static_cast<int>(r), kPathCapacity,
                                                     options_.page_size)
                                   .prefixed("SpecEngine::generate: "));
+      if constexpr (kKind == DraftKind::kEagle3) {
+        int64_t const last = static_cast<int64_t>(requests[r].prompt.size()) +
+                             requests[r].max_new_tokens + kPathCapacity - 1;
+        int64_t const limit = draft_->config.max_position_embeddings;
+        if (last > limit) {
+          return Status::InvalidArgument(
+              "SpecEngine::generate: request " + std::to_string(r) + ": " +
+              std::to_string(requests[r].prompt.size()) + " prompt tokens + " +
+              std::to_string(requests[r].max_new_tokens) + " new tokens + " +
+              std::to_string(kPathCapacity - 1) +
+              " speculative positions exceed the draft's max_position_embeddings " +
+              std::to_string(limit));
+        }
+      }
     }
     Run run(*this, requests);
     SPECDEC_RETURN_IF_ERROR(run.start());
@@ -404,7 +425,8 @@ class SpecEngine {
       node_count->assign(static_cast<size_t>(B), kNodes);
       if constexpr (kKind == DraftKind::kNone) {
         for (int b = 0; b < B; ++b) {
-          (*tokens)[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
+          (*tokens)[static_cast<size_t>(b) * kNodes] =
+              history[static_cast<size_t>(batch[b])].back();
         }
         return Status::Ok();
       } else if constexpr (kKind == DraftKind::kNGram) {
@@ -585,8 +607,8 @@ class SpecEngine {
         for (int i = 1; i < node_count[static_cast<size_t>(b)]; ++i) {
           proposed_depths.push_back(depth[static_cast<size_t>(b) * N + i]);
         }
-        results[static_cast<size_t>(r)].metrics.record_verify(proposed_depths, a);
-        // The committed tokens: the accepted drafts, then the bonus / correction.
+        // The committed tokens: the accepted drafts, then the bonus / correction; the output
+        // takes them until the request stops.
         std::vector<int32_t> committed;
         for (int k = 1; k <= a; ++k) {
           committed.push_back(
@@ -594,9 +616,13 @@ class SpecEngine {
         }
         committed.push_back(next_token[static_cast<size_t>(b)]);
         bool done = false;
+        int taken = 0;
         for (int32_t token : committed) {
+          ++taken;
           if ((done = push(r, token))) break;
         }
+        results[static_cast<size_t>(r)].metrics.record_verify(proposed_depths, std::min(a, taken),
+                                                              taken);
         if (done) continue;
         still.push_back(r);
         if constexpr (kKind == DraftKind::kEagle3) {
