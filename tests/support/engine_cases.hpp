@@ -1,6 +1,7 @@
 // Test support for the speculative engine on the tiny preset: the policies the engine tests
 // instantiate (EAGLE-3 over the tiny target's layers [0, 1, 2], n-gram, plain) and the requests
-// they run (a batch of three of different lengths and budgets; one greedy request).
+// they run (a batch of three of different lengths and budgets; one greedy request), the random
+// draft they load and the CPU executor's last logits row (the exact distributions and near-ties).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,22 @@ inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool fir
   r[2].max_new_tokens = 26;
   r[2].stop_at_eos = false;
   return r;
+}
+
+// The CPU executor's last logits row [V] after `tokens` (a prefill on a fresh cache).
+inline std::vector<float> last_logits_cpu(model::kimi::KimiCpuModel const& model,
+                                          std::vector<int32_t> const& tokens) {
+  model::kimi::MlaCache cache;
+  int const pages = static_cast<int>(tokens.size()) / 16 + 1;
+  REQUIRE(model::kimi::MlaCache::create_for(model.config, 16, pages, pages, &cache).ok());
+  REQUIRE(cache.add_request(0).ok());
+  model::kimi::RequestId const id = 0;
+  int32_t const count = static_cast<int32_t>(tokens.size());
+  std::vector<float> logits;
+  Status const s = model::kimi::kimi_prefill(CpuExecutor{}, model, &cache, {&id, 1}, {&count, 1},
+                                             tokens, {}, &logits, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  return std::vector<float>(logits.end() - model.config.vocab_size, logits.end());
 }
 
 // A greedy request of n new tokens after prompt, eos ignored.

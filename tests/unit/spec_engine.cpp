@@ -218,18 +218,7 @@ std::map<int32_t, double> top_k_distribution(float const* row, int64_t V, int k)
 
 // Last logits row of the target after `tokens` (a fresh cache).
 std::vector<float> last_logits(std::vector<int32_t> const& tokens) {
-  Models const& m = models();
-  kimi::MlaCache cache;
-  REQUIRE(kimi::MlaCache::create_for(m.tiny.config, 16, 17, 17, &cache).ok());
-  REQUIRE(cache.add_request(0).ok());
-  kimi::RequestId const id = 0;
-  int32_t const count = static_cast<int32_t>(tokens.size());
-  std::vector<float> logits;
-  Status const s = kimi::kimi_prefill(CpuExecutor{}, m.target, &cache, {&id, 1}, {&count, 1},
-                                      tokens, {}, &logits, nullptr);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  int64_t const V = m.tiny.config.vocab_size;
-  return std::vector<float>(logits.end() - V, logits.end());
+  return testing::last_logits_cpu(models().target, tokens);
 }
 
 template <class P>
