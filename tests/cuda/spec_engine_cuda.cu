@@ -70,16 +70,7 @@ Models& models() {
 template <class P>
 std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
                                   SpecMetrics* total = nullptr) {
-  Models& m = models();
-  SpecEngine<P, CudaExecutor> e;
-  eagle3::Eagle3CpuModel const* draft = P::kKind == DraftKind::kEagle3 ? &m.draft : nullptr;
-  Status s = SpecEngine<P, CudaExecutor>::create(&m.gpu, draft, {}, &e);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  std::vector<GenerationResult> out;
-  s = e.generate(requests, &out, total);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  REQUIRE(out.size() == requests.size());
-  return out;
+  return testing::run_engine<P, CudaExecutor>(&models().gpu, &models().draft, requests, total);
 }
 
 // want and got agree, or part at a step where the fp32 CPU executor's top-2 gap is a near-tie.

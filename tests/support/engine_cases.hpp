@@ -36,6 +36,24 @@ inline void load_tiny_draft(std::filesystem::path const& dir, io::DeepseekV3Conf
   REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
+// `requests` through a fresh SpecEngine<P, Exec> over `target` (and `draft` when P drafts with
+// EAGLE-3); every step must succeed.
+template <class P, class Exec>
+std::vector<engine::GenerationResult> run_engine(
+    typename engine::SpecEngine<P, Exec>::TargetModel* target,
+    model::eagle3::Eagle3CpuModel const* draft,
+    std::vector<engine::GenerationRequest> const& requests, engine::SpecMetrics* total) {
+  engine::SpecEngine<P, Exec> e;
+  Status s = engine::SpecEngine<P, Exec>::create(
+      target, P::kKind == DraftKind::kEagle3 ? draft : nullptr, {}, &e);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  std::vector<engine::GenerationResult> out;
+  s = e.generate(requests, &out, total);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  REQUIRE(out.size() == requests.size());
+  return out;
+}
+
 // Three requests of different lengths and budgets; the first stops at an eos id when
 // `first_stops_at_eos`.
 inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool first_stops_at_eos) {

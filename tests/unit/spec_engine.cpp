@@ -78,14 +78,7 @@ Status make_engine(SpecEngine<P, CpuExecutor>* e) {
 template <class P>
 std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
                                   SpecMetrics* total = nullptr) {
-  SpecEngine<P, CpuExecutor> e;
-  Status s = make_engine<P>(&e);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  std::vector<GenerationResult> out;
-  s = e.generate(requests, &out, total);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  REQUIRE(out.size() == requests.size());
-  return out;
+  return testing::run_engine<P, CpuExecutor>(&models().target, &models().draft, requests, total);
 }
 
 std::vector<GenerationRequest> mixed_requests() {
