@@ -4,12 +4,13 @@
 # --max-new-tokens ids (--ignore-eos) inside the vocabulary and whose tokens_per_s is positive;
 # the same seed must reproduce a sampled run; a malformed flag must exit 2 naming the flag;
 # --device cuda must either run (9 ids) or, without a GPU or a CUDA build, be refused (exit 1)
-# saying which. Speculation: init-random --draft eagle3 writes a matching draft; greedy EAGLE3
-# (chain and tree) and NGRAM output equal NONE's, with accept_length / per_position_accept /
-# verify_ct in the JSON and the effective configuration on stderr; misconfigurations (EAGLE on an
-# EAGLE-3 draft, a chain whose node count is not steps + 1, an uncompiled tree, a draft path with
-# NGRAM, a missing tree flag) exit 1 naming the fix.
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft")
+# saying which. Speculation: init-random --draft eagle3 / --draft eagle write matching drafts;
+# greedy EAGLE3 (chain and tree), EAGLE (chain and tree) and NGRAM output equal NONE's, with
+# accept_length / per_position_accept / verify_ct in the JSON and the effective configuration on
+# stderr; misconfigurations (EAGLE on an EAGLE-3 draft and the reverse, a chain whose node count
+# is not steps + 1, an uncompiled tree, a draft path with NGRAM, a missing tree flag, --layers
+# with --draft eagle) exit 1 (2 for init-random's usage) naming the fix.
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle")
 function(run_kimi out_var rc_var)
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
@@ -21,6 +22,18 @@ run_kimi(out rc init-random --preset tiny --out "${DIR}" --seed 4 --draft eagle3
          --draft-out "${DIR}-draft")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "init-random failed (${rc}): ${out}")
+endif()
+# An EAGLE-1/2 draft for the same target: init-random writes the target again into a scratch dir.
+run_kimi(out rc init-random --preset tiny --out "${DIR}-eagle-target" --seed 4 --draft eagle
+         --draft-out "${DIR}-eagle")
+file(REMOVE_RECURSE "${DIR}-eagle-target")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "wrote a random EAGLE-1/2 draft")
+  message(FATAL_ERROR "init-random --draft eagle failed (${rc}): ${out}")
+endif()
+run_kimi(out rc init-random --preset tiny --out "${DIR}-x" --draft eagle --layers 0,1
+         --draft-out "${DIR}-y")
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--layers 0,1 with --draft eagle: an EAGLE-1/2 draft reads")
+  message(FATAL_ERROR "--draft eagle --layers gave exit ${rc}: ${out}")
 endif()
 
 set(generate generate --model-path "${DIR}" --input-ids 7,300,12 --max-new-tokens 9 --ignore-eos)
@@ -76,7 +89,7 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "generate (NONE) failed (${rc}): ${plain}")
 endif()
 string(JSON plain_ids GET "${plain}" output_ids)
-foreach(spec "EAGLE3;3;1;4" "EAGLE3;3;4;8" "NGRAM;2;1;3")
+foreach(spec "EAGLE3;3;1;4" "EAGLE3;3;4;8" "EAGLE;3;1;4" "EAGLE;3;4;8" "NGRAM;2;1;3")
   list(GET spec 0 algo)
   list(GET spec 1 steps)
   list(GET spec 2 topk)
@@ -84,6 +97,8 @@ foreach(spec "EAGLE3;3;1;4" "EAGLE3;3;4;8" "NGRAM;2;1;3")
   set(draft_flag)
   if(algo STREQUAL "EAGLE3")
     set(draft_flag --speculative-draft-model-path "${DIR}-draft")
+  elseif(algo STREQUAL "EAGLE")
+    set(draft_flag --speculative-draft-model-path "${DIR}-eagle")
   endif()
   execute_process(COMMAND "${KIMI}" ${greedy} --speculative-algorithm ${algo} ${draft_flag}
                           --speculative-num-steps ${steps} --speculative-eagle-topk ${topk}
@@ -116,6 +131,9 @@ endfunction()
 expect_refusal("EAGLE on an EAGLE-3 draft" "this checkpoint is an EAGLE-3 draft.*use --speculative-algorithm EAGLE3"
                --speculative-algorithm EAGLE --speculative-draft-model-path "${DIR}-draft"
                --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4)
+expect_refusal("EAGLE3 on an EAGLE-1/2 draft" "this checkpoint is an EAGLE draft.*use --speculative-algorithm EAGLE"
+               --speculative-algorithm EAGLE3 --speculative-draft-model-path "${DIR}-eagle"
+               --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4)
 expect_refusal("a chain of 16 nodes in 1 step" "must be --speculative-num-steps \\+ 1 = 2, got 16"
                --speculative-algorithm EAGLE3 --speculative-draft-model-path "${DIR}-draft"
                --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 16)
@@ -128,4 +146,4 @@ expect_refusal("a draft with NGRAM" "uses no draft model"
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft")
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle")

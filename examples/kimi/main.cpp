@@ -7,7 +7,9 @@
 //       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
 //       count and bytes, and whether the routed experts are INT4
 //   specdec-kimi init-random ... --draft eagle3 --layers 0,1,2 --draft-out DIR [--draft-vocab V]
-//       also writes a random EAGLE-3 draft (SpecForge layout) for that target into DIR
+//   specdec-kimi init-random ... --draft eagle --draft-out DIR
+//       also writes a random EAGLE-3 draft (SpecForge layout) or EAGLE-1/2 draft
+//       (LlamaForCausalLMEagle: fc over [embedding, last hidden]) for that target into DIR
 //   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N [--temperature T]
 //                         [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--ignore-eos]
 //                         [--page-size P] [--json]
@@ -22,7 +24,7 @@
 //       an error naming the fix, and the effective configuration is printed in one line on
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
-//       on the GPU; the EAGLE-3 draft on the host). --json prints one object: output_ids,
+//       on the GPU; the EAGLE draft on the host). --json prints one object: output_ids,
 //       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
 //       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
 //       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
@@ -57,8 +59,8 @@
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
-#include "specdec/model/eagle3/config.hpp"
-#include "specdec/model/eagle3/random_checkpoint.hpp"
+#include "specdec/model/eagle/config.hpp"
+#include "specdec/model/eagle/random_checkpoint.hpp"
 #include "specdec/model/kimi/dequantize_checkpoint.hpp"
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
@@ -71,17 +73,20 @@ using specdec::Status;
 
 // The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults (core/dispatch.hpp)
 // and, for the tiny preset's 4 layers, EAGLE-3 over layers [0, 1, 2] (what `init-random --draft
-// eagle3 --layers 0,1,2` writes) plus n-gram chains and trees.
+// eagle3 --layers 0,1,2` writes), plus EAGLE-1/2 and n-gram chains and trees (any target).
 using TinyLayers = specdec::Layers<0, 1, 2>;
 template <class Tree>
 using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
+template <class Tree>
+using EaglePolicy = specdec::SpecPolicy<specdec::Eagle, specdec::Layers<>, Tree, specdec::Eager>;
 template <class Tree>
 using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree, specdec::Eager>;
 using ServedPolicies = specdec::PolicyList<
     specdec::KimiK25Eagle3Chain<specdec::Eager>, specdec::KimiK25Eagle3Top4<specdec::Eager>,
     specdec::KimiK25Eagle3Top8<specdec::Eager>, specdec::KimiK25NGramChain<specdec::Eager>,
     specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<3>>,
-    TinyEagle3<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
+    TinyEagle3<specdec::TreeShape<4, 3, 8>>, EaglePolicy<specdec::Chain<3>>,
+    EaglePolicy<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
     NGramPolicy<specdec::TreeShape<4, 2, 8>>>;
 
 void usage(std::FILE* out) {
@@ -89,7 +94,7 @@ void usage(std::FILE* out) {
                "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]\n"
                "                                [--int4] [--shards N] [--num-layers L]\n"
                "                                [--draft eagle3 --layers 0,1,2 --draft-out DIR\n"
-               "                                 [--draft-vocab V]]\n"
+               "                                 [--draft-vocab V] | --draft eagle --draft-out DIR]\n"
                "       specdec-kimi inspect --model-path DIR\n"
                "       specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N\n"
                "                             [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
@@ -196,7 +201,7 @@ int init_random(int argc, char** argv) {
   bool int4 = false;
   int shards = 1;
   std::optional<int> num_layers;
-  specdec::model::eagle3::Eagle3RandomOptions draft_options;
+  specdec::model::eagle::DraftRandomOptions draft_options;
   for (Flags f(argc, argv); f.next();) {
     if (f.is("--preset")) preset = f.value();
     else if (f.is("--out")) out = f.value();
@@ -212,16 +217,22 @@ int init_random(int argc, char** argv) {
   }
   if (preset.empty()) fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
   if (out.empty()) fail_usage("init-random needs --out DIR");
-  if (!draft.empty() && draft != "eagle3") {
-    if (draft == "eagle") {
-      return finish(Status::Unsupported(
-          "--draft eagle: EAGLE-1/2 drafts are not built yet; use --draft eagle3"));
-    }
-    fail_usage("--draft " + draft + ": use eagle3");
+  if (!draft.empty() && draft != "eagle3" && draft != "eagle") {
+    fail_usage("--draft " + draft + ": use eagle3 (EAGLE-3) or eagle (EAGLE-1/2)");
   }
-  if (draft.empty() != draft_out.empty() || draft.empty() != layers.empty()) {
-    fail_usage("--draft, --layers and --draft-out go together (e.g. --draft eagle3 --layers "
-               "0,1,2 --draft-out DIR)");
+  bool const eagle3 = draft == "eagle3";
+  if (draft.empty() != draft_out.empty() || (eagle3 && layers.empty())) {
+    fail_usage("--draft and --draft-out go together, with --layers for eagle3 (e.g. --draft "
+               "eagle3 --layers 0,1,2 --draft-out DIR, or --draft eagle --draft-out DIR)");
+  }
+  if (draft == "eagle" && !layers.empty()) {
+    fail_usage("--layers " + layers +
+               " with --draft eagle: an EAGLE-1/2 draft reads the target's last hidden state, "
+               "not a layer set (use --draft eagle3 for a layer set)");
+  }
+  if (draft == "eagle" && draft_options.draft_vocab_size != 0) {
+    fail_usage("--draft-vocab with --draft eagle: an EAGLE-1/2 draft predicts in the target's "
+               "vocabulary (use --draft eagle3 for a reduced draft vocabulary)");
   }
   specdec::io::ProgressBar bar("write " + out);
   Status s = specdec::model::kimi::write_random_preset(out, preset, seed, int4, shards, num_layers,
@@ -235,11 +246,15 @@ int init_random(int argc, char** argv) {
   specdec::io::DeepseekV3Config target;
   s = specdec::io::load_config(out, &target);
   if (!s.ok()) return finish(s);
-  std::vector<int> const ids = number_list<int>("--layers", layers);
-  s = specdec::model::eagle3::write_random_eagle3(draft_out, target, ids, seed + 1, draft_options);
-  if (s.ok()) {
+  namespace eagle = specdec::model::eagle;
+  std::vector<int> const ids = eagle3 ? number_list<int>("--layers", layers) : std::vector<int>{};
+  s = eagle::write_random_draft(draft_out, target, ids, seed + 1, draft_options,
+                                eagle3 ? eagle::kEagle3Architecture : eagle::kEagleArchitecture);
+  if (s.ok() && eagle3) {
     std::printf("wrote a random EAGLE-3 draft (layers %s) to %s\n",
                 specdec::format_layers(ids).c_str(), draft_out.c_str());
+  } else if (s.ok()) {
+    std::printf("wrote a random EAGLE-1/2 draft to %s\n", draft_out.c_str());
   }
   return finish(s);
 }
@@ -286,28 +301,28 @@ void add_metrics(specdec::engine::SpecMetrics const& m, nlohmann::json* j) {
                     {"verify", m.verify_s},   {"commit", m.commit_s}, {"extend", m.extend_s}};
 }
 
-// One request through SpecEngine<P, Exec>: draft loaded for P (its embedding the target's fp32
-// `embedding` [V, H]), self-check, generation.
+// One request through SpecEngine<P, Exec>: draft loaded for P (over the target's fp32 host
+// tensors `target_tensors`), self-check, generation.
 template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                  float const* embedding, std::vector<int32_t> const& ids, nlohmann::json* j) {
-  namespace eagle3 = specdec::model::eagle3;
+                  specdec::model::eagle::TargetTensors const& target_tensors,
+                  std::vector<int32_t> const& ids, nlohmann::json* j) {
+  namespace eagle = specdec::model::eagle;
   using Engine = specdec::engine::SpecEngine<P, Exec>;
-  eagle3::Eagle3CpuModel draft;
-  if constexpr (P::kKind == specdec::DraftKind::kEagle3) {
+  eagle::DraftCpuModel draft;
+  if constexpr (Engine::kDraftsWithModel) {
     specdec::io::ProgressBar bar("load draft " + g.draft_path);
-    Status const s = eagle3::load_eagle3_cpu_model(g.draft_path, m.config, embedding, P::kKind,
-                                                   P::Layers::ids(), specdec::describe<P>(),
-                                                   &draft);
+    Status const s = eagle::load_draft_cpu_model(g.draft_path, m.config, target_tensors, P::kKind,
+                                                 P::Layers::ids(), specdec::describe<P>(), &draft);
     bar.finish();
     SPECDEC_RETURN_IF_ERROR(s);
   }
   Engine engine;
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
-  SPECDEC_RETURN_IF_ERROR(Engine::create(
-      target, P::kKind == specdec::DraftKind::kEagle3 ? &draft : nullptr, eo, &engine));
+  SPECDEC_RETURN_IF_ERROR(
+      Engine::create(target, Engine::kDraftsWithModel ? &draft : nullptr, eo, &engine));
   std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
                g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
   // Also the warm-up of every run (NONE included, which it never warns about), so the timed
@@ -413,15 +428,15 @@ int generate(int argc, char** argv) {
     return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
                                           " uses no draft model, but "
                                           "--speculative-draft-model-path was given: drop it, or "
-                                          "use EAGLE3 for an EAGLE-3 draft"));
+                                          "use EAGLE3 / EAGLE for a draft model"));
   }
   if (drafts_with_model) {
     // The layer set is the checkpoint's record; a draft of the other algorithm is named as such.
-    specdec::model::eagle3::Eagle3Config draft;
-    s = specdec::model::eagle3::read_eagle3_config(g.draft_path,
+    specdec::model::eagle::DraftConfig draft;
+    s = specdec::model::eagle::read_draft_config(g.draft_path,
                                                    target_config.num_hidden_layers, &draft);
     if (!s.ok()) return finish(s);
-    s = specdec::model::eagle3::check_eagle3_draft_fits(draft, kind, draft.layers,
+    s = specdec::model::eagle::check_draft_config_fits(draft, kind, draft.layers,
                                                         "--speculative-algorithm " +
                                                             g.spec.algorithm);
     if (!s.ok()) return finish(s);
@@ -439,8 +454,8 @@ int generate(int argc, char** argv) {
     s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CpuExecutor>(g, m, &target, target.embed_tokens.data(), ids,
-                                                 &j);
+      return run_engine<P, specdec::CpuExecutor>(
+          g, m, &target, specdec::model::eagle::target_tensors_of(target), ids, &j);
     });
     if (!s.ok()) return finish(s);
   }
@@ -449,15 +464,13 @@ int generate(int argc, char** argv) {
     specdec::model::kimi::KimiCudaModel target;
     s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
-    std::vector<float> embedding;  // the EAGLE-3 draft's (host) embedding
-    if (kind == specdec::DraftKind::kEagle3) {
-      s = specdec::model::kimi::detail::view_to_float(
-          m.weights.embed_tokens, m.config.vocab_size * m.config.hidden_size, "embed_tokens",
-          &embedding);
+    specdec::model::eagle::HostTargetTensors host;  // what the (host) draft reads
+    if (drafts_with_model) {
+      s = specdec::model::eagle::host_target_tensors(m.weights, m.config, &host);
       if (!s.ok()) return finish(s);
     }
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CudaExecutor>(g, m, &target, embedding.data(), ids, &j);
+      return run_engine<P, specdec::CudaExecutor>(g, m, &target, host.view(), ids, &j);
     });
     if (!s.ok()) return finish(s);
   }

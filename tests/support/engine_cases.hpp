@@ -1,7 +1,9 @@
-// Test support for the speculative engine on the tiny preset: the policies the engine tests
-// instantiate (EAGLE-3 over the tiny target's layers [0, 1, 2], n-gram, plain) and the requests
-// they run (a batch of three of different lengths and budgets; one greedy request), the random
-// draft they load and the CPU executor's last logits row (the exact distributions and near-ties).
+// Test support for the speculative engine on the tiny preset: the policies the
+// engine tests instantiate (EAGLE-3 over the tiny target's layers [0, 1, 2],
+// EAGLE-1/2, n-gram, plain) and the requests they run (a batch of three of
+// different lengths and budgets; one greedy request), the random draft they
+// load and the CPU executor's last logits row (the exact distributions and
+// near-ties).
 #pragma once
 
 #include <cstdint>
@@ -11,41 +13,50 @@
 #include <vector>
 
 #include "specdec/engine/spec_engine.hpp"
-#include "specdec/model/eagle3/random_checkpoint.hpp"
+#include "specdec/model/eagle/random_checkpoint.hpp"
 #include "specdec/policy/spec_policy.hpp"
 #include "support/kimi_model.hpp"
 
 namespace specdec::testing {
 
 using TinyLayers = Layers<0, 1, 2>;
-template <class Tree>
-using E3 = SpecPolicy<Eagle3, TinyLayers, Tree, Eager>;
-template <class Tree>
-using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
+template <class Tree> using E3 = SpecPolicy<Eagle3, TinyLayers, Tree, Eager>;
+template <class Tree> using EG = SpecPolicy<Eagle, Layers<>, Tree, Eager>;
+template <class Tree> using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
 using Plain = SpecPolicy<NoDraft, Layers<>, NoTree, Eager>;
 
-// Writes the random EAGLE-3 draft of the tiny target (TinyLayers, seed 5) into `dir` and loads
-// it over `embedding`, the target's fp32 [V, H] embedding.
-inline void load_tiny_draft(std::filesystem::path const& dir, io::DeepseekV3Config const& target,
-                            float const* embedding, model::eagle3::Eagle3CpuModel* out) {
-  Status s = model::eagle3::write_random_eagle3(dir.string(), target, TinyLayers::ids(),
-                                                /*seed=*/5, {});
+// Writes a random draft of the tiny target into `dir` (seed 5) and loads it
+// over `target`'s tensors: EAGLE-3 over TinyLayers, or EAGLE-1/2 (kind kEagle).
+inline void load_tiny_draft(std::filesystem::path const &dir,
+                            model::kimi::KimiCpuModel const &target,
+                            model::eagle::DraftCpuModel *out,
+                            DraftKind kind = DraftKind::kEagle3) {
+  bool const eagle3 = kind == DraftKind::kEagle3;
+  std::span<int const> const layers =
+      eagle3 ? TinyLayers::ids() : std::span<int const>{};
+  Status s = model::eagle::write_random_draft(
+      dir.string(), target.config, layers, /*seed=*/5, {},
+      eagle3 ? model::eagle::kEagle3Architecture
+             : model::eagle::kEagleArchitecture);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = model::eagle3::load_eagle3_cpu_model(dir.string(), target, embedding, DraftKind::kEagle3,
-                                           TinyLayers::ids(), "the test policy", out);
+  s = model::eagle::load_draft_cpu_model(
+      dir.string(), target.config, model::eagle::target_tensors_of(target),
+      kind, layers, "the test policy", out);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
-// `requests` through a fresh SpecEngine<P, Exec> over `target` (and `draft` when P drafts with
-// EAGLE-3); every step must succeed.
+// `requests` through a fresh SpecEngine<P, Exec> over `target` (and `draft`
+// when P drafts with a model); every step must succeed.
 template <class P, class Exec>
-std::vector<engine::GenerationResult> run_engine(
-    typename engine::SpecEngine<P, Exec>::TargetModel* target,
-    model::eagle3::Eagle3CpuModel const* draft,
-    std::vector<engine::GenerationRequest> const& requests, engine::SpecMetrics* total) {
+std::vector<engine::GenerationResult>
+run_engine(typename engine::SpecEngine<P, Exec>::TargetModel *target,
+           model::eagle::DraftCpuModel const *draft,
+           std::vector<engine::GenerationRequest> const &requests,
+           engine::SpecMetrics *total) {
   engine::SpecEngine<P, Exec> e;
   Status s = engine::SpecEngine<P, Exec>::create(
-      target, P::kKind == DraftKind::kEagle3 ? draft : nullptr, {}, &e);
+      target, engine::SpecEngine<P, Exec>::kDraftsWithModel ? draft : nullptr,
+      {}, &e);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   std::vector<engine::GenerationResult> out;
   s = e.generate(requests, &out, total);
@@ -54,9 +65,10 @@ std::vector<engine::GenerationResult> run_engine(
   return out;
 }
 
-// Three requests of different lengths and budgets; the first stops at an eos id when
-// `first_stops_at_eos`.
-inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool first_stops_at_eos) {
+// Three requests of different lengths and budgets; the first stops at an eos id
+// when `first_stops_at_eos`.
+inline std::vector<engine::GenerationRequest>
+mixed_requests(int vocab, bool first_stops_at_eos) {
   std::mt19937 rng(3);
   std::vector<engine::GenerationRequest> r(3);
   r[0].prompt = random_tokens(rng, 3, vocab);
@@ -71,24 +83,31 @@ inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool fir
   return r;
 }
 
-// The CPU executor's last logits row [V] after `tokens` (a prefill on a fresh cache).
-inline std::vector<float> last_logits_cpu(model::kimi::KimiCpuModel const& model,
-                                          std::vector<int32_t> const& tokens) {
+// The CPU executor's last logits row [V] after `tokens` (a prefill on a fresh
+// cache).
+inline std::vector<float>
+last_logits_cpu(model::kimi::KimiCpuModel const &model,
+                std::vector<int32_t> const &tokens) {
   model::kimi::MlaCache cache;
   int const pages = static_cast<int>(tokens.size()) / 16 + 1;
-  REQUIRE(model::kimi::MlaCache::create_for(model.config, 16, pages, pages, &cache).ok());
+  REQUIRE(
+      model::kimi::MlaCache::create_for(model.config, 16, pages, pages, &cache)
+          .ok());
   REQUIRE(cache.add_request(0).ok());
   model::kimi::RequestId const id = 0;
   int32_t const count = static_cast<int32_t>(tokens.size());
   std::vector<float> logits;
-  Status const s = model::kimi::kimi_prefill(CpuExecutor{}, model, &cache, {&id, 1}, {&count, 1},
-                                             tokens, {}, &logits, nullptr);
+  Status const s =
+      model::kimi::kimi_prefill(CpuExecutor{}, model, &cache, {&id, 1},
+                                {&count, 1}, tokens, {}, &logits, nullptr);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
-  return std::vector<float>(logits.end() - model.config.vocab_size, logits.end());
+  return std::vector<float>(logits.end() - model.config.vocab_size,
+                            logits.end());
 }
 
 // A greedy request of n new tokens after prompt, eos ignored.
-inline engine::GenerationRequest greedy_request(std::vector<int32_t> prompt, int n) {
+inline engine::GenerationRequest greedy_request(std::vector<int32_t> prompt,
+                                                int n) {
   engine::GenerationRequest r;
   r.prompt = std::move(prompt);
   r.max_new_tokens = n;
@@ -96,4 +115,4 @@ inline engine::GenerationRequest greedy_request(std::vector<int32_t> prompt, int
   return r;
 }
 
-}  // namespace specdec::testing
+} // namespace specdec::testing
