@@ -13,11 +13,29 @@
 //                  parameters: pass num_layers to keep it writable).
 //     num_layers (optional) overrides num_hidden_layers (>= 1); layer 0 stays dense.
 //   kimi_int4_quantization_config()                Kimi-K2.5's quantization_config (kimi.md).
-//   write_random_checkpoint(dir, config, seed, int4, shards)
+//   write_random_checkpoint(dir, config, seed, int4, shards, progress, options)
 //     `config` must not carry a quantization_config: int4 = true adds Kimi's (in text_config for
 //     the nested form), which makes every routed expert INT4 (io::quantize_int4_group of the same
 //     float matrix the bf16 checkpoint would hold), everything else bf16. `dir` is created and
 //     must be empty (nothing is overwritten). shards in [1, number of tensors].
+//   write_random_preset(dir, preset, seed, int4, shards, num_layers, progress, options)
+//   KimiRandomOptions (all off by default: the checkpoint described here, byte for byte):
+//     repeat_period P  0 = off. P in [2, vocab_size]: a checkpoint whose greedy next token after
+//       token t < P is (t + 1) mod P whatever the context (text that repeats with period P, for
+//       drafts that look text up, e.g. n-gram). Same tensors, dtypes, shapes (INT4 experts when
+//       int4) and draws, except:
+//       - every matrix that writes into the residual stream is zero: each attention o_proj, dense
+//         MLP and shared-expert down_proj, routed expert down_proj (INT4: every q 0, scale 0); so
+//         the final hidden state is the token's embedding row e_t;
+//       - lm_head row v < P is kRepeatHeadNorm * e_u / |e_u|, u = (v - 1) mod P, e_u the stored
+//         (bf16) embedding row; rows v >= P stay N(0, 1/H).
+//       After the final norm (weights 1 + N(0, 0.1^2)) the successor's logit is about
+//       kRepeatHeadNorm * sqrt(H) (45 at the tiny preset's H = 128); the row of another u gives
+//       about kRepeatHeadNorm * sqrt(H) * cos(e_t, e_u) ~ kRepeatHeadNorm * N(0, 1), rows v >= P
+//       about N(0, 1). After a token t >= P the next token is whichever row wins (not specified).
+//       Costs P * H floats on top (the embedding's first P rows, drawn again): 4.7 GB for
+//       P = vocab at Kimi-K2.5's dimensions. Errors: P outside [2, vocab_size];
+//       tie_word_embeddings (lm_head is the embedding then). Nothing is written on an error.
 //
 // Values (per tensor an std::mt19937_64 seeded from (seed, tensor name), so a tensor does not
 // depend on sharding or on the other tensors; normals by Box-Muller): embedding N(0, 1); norms
@@ -38,6 +56,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -61,6 +80,14 @@
 namespace specdec::model::kimi {
 
 inline constexpr char const* kKimiPresets = "tiny, kimi-k2.5";
+
+// The norm of the lm_head rows of a repeat_period checkpoint (see the top of this file).
+inline constexpr double kRepeatHeadNorm = 4.0;
+
+// Options of write_random_checkpoint / write_random_preset (see the top of this file).
+struct KimiRandomOptions {
+  int repeat_period = 0;  // 0: off; else in [2, vocab_size]: greedy text repeats 0, 1, .., P - 1
+};
 
 // quantization_config of Kimi-K2.5 (kimi.md): INT4 group 32, only mlp.experts.* quantized.
 inline nlohmann::json kimi_int4_quantization_config() {
@@ -144,14 +171,20 @@ inline Status kimi_preset_config(std::string_view preset, std::optional<int> num
 
 namespace detail {
 
+// Changes a tensor's drawn float values in place before they are stored (and, for an INT4
+// linear, quantized); called from several threads at once.
+using ValueEdit = std::function<void(std::vector<float>*)>;
+
 // One tensor to write: a plain tensor, or part `part` (0 packed / weight, 1 scale, 2 shape) of a
-// Linear module; `given`, when set, holds the tensor's bytes (written as they are, not drawn).
+// Linear module; `given`, when set, holds the tensor's bytes (written as they are, not drawn);
+// `edit`, when set, changes the drawn values (repeat_period).
 struct WriteEntry {
   TensorSpec spec;
   bool is_linear = false;
   LinearSpec linear;
   int part = 0;
   std::shared_ptr<std::vector<std::byte> const> given;
+  ValueEdit edit = {};
 };
 
 struct WriteListSink {
@@ -211,10 +244,18 @@ void append_bytes(std::vector<T> const& v, std::vector<std::byte>* out) {
   if (!v.empty()) std::memcpy(out->data(), v.data(), out->size());
 }
 
-// The packed words and scales of an INT4 linear (both from one generated matrix).
-inline Status generate_int4(uint64_t seed, LinearSpec const& l, std::vector<std::byte>* packed_out,
+// The float matrix stored for a Linear entry: random_linear, then the entry's edit.
+inline std::vector<float> linear_values(uint64_t seed, WriteEntry const& e) {
+  std::vector<float> W = random_linear(seed, e.linear);
+  if (e.edit) e.edit(&W);
+  return W;
+}
+
+// The packed words and scales of an INT4 linear entry (both from one generated matrix).
+inline Status generate_int4(uint64_t seed, WriteEntry const& e, std::vector<std::byte>* packed_out,
                             std::vector<std::byte>* scale_out) {
-  std::vector<float> const W = random_linear(seed, l);
+  LinearSpec const& l = e.linear;
+  std::vector<float> const W = linear_values(seed, e);
   std::vector<int32_t> packed(static_cast<size_t>(l.out * (l.in / io::kInt4PerWord)));
   std::vector<uint16_t> scale(static_cast<size_t>(l.out * (l.in / l.group_size)));
   SPECDEC_RETURN_IF_ERROR(
@@ -236,11 +277,11 @@ inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std
                    out);
       return Status::Ok();
     }
-    return generate_int4(seed, l, e.part == 0 ? out : nullptr, e.part == 1 ? out : nullptr);
+    return generate_int4(seed, e, e.part == 0 ? out : nullptr, e.part == 1 ? out : nullptr);
   }
   std::vector<float> v;
   if (e.is_linear) {
-    v = random_linear(seed, e.linear);
+    v = linear_values(seed, e);
   } else {
     int64_t const n = e.spec.bytes() / dtype_size(e.spec.dtype);
     switch (e.spec.init) {
@@ -252,6 +293,7 @@ inline Status generate_entry(uint64_t seed, WriteEntry const& e, std::vector<std
                            1.0 / std::sqrt(static_cast<double>(e.spec.shape.back())));
         break;
     }
+    if (e.edit) e.edit(&v);
   }
   if (e.spec.dtype == Dtype::kF32) {
     append_bytes(v, out);
@@ -296,7 +338,7 @@ inline Status generate_window(uint64_t seed, std::vector<WriteEntry const*> cons
         WriteEntry const& e = *entries[idx[job[0]]];
         if (job.size() == 2) {  // both INT4 parts
           bool const first_packed = e.part == 0;
-          status[j] = generate_int4(seed, e.linear, &(*bytes)[job[first_packed ? 0 : 1]],
+          status[j] = generate_int4(seed, e, &(*bytes)[job[first_packed ? 0 : 1]],
                                     &(*bytes)[job[first_packed ? 1 : 0]]);
         } else {
           status[j] = generate_entry(seed, e, &(*bytes)[job[0]]);
@@ -404,9 +446,61 @@ inline Status write_text_file(std::string const& path, std::string const& text) 
   return Status::Ok();
 }
 
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// repeat_period P (see the top of this file): zero edits on every matrix that writes into the
+// residual stream (o_proj, down_proj: the schema's only such modules) and the successor rows on
+// lm_head.
+inline Status set_repeat_edits(io::DeepseekV3Config const& c, int P, uint64_t seed,
+                               std::vector<WriteEntry>* entries) {
+  int64_t const V = c.vocab_size, H = c.hidden_size;
+  if (P < 2 || P > V) {
+    return Status::InvalidArgument(c.source + ": repeat_period " + std::to_string(P) +
+                                   " outside [2, vocab_size " + std::to_string(V) + "]");
+  }
+  if (c.tie_word_embeddings) {
+    return Status::InvalidArgument(
+        c.source + ": repeat_period " + std::to_string(P) +
+        " needs tie_word_embeddings false (a tied lm_head is the embedding itself)");
+  }
+  // The embedding's first P rows (a prefix of its stream) as stored, then the head rows.
+  std::vector<float> emb =
+      random_normals(seed, c.tensor_prefix + "embed_tokens.weight", int64_t{P} * H, 0.0, 1.0);
+  for (float& x : emb) x = bf16_to_float(float_to_bf16(x));
+  auto rows = std::make_shared<std::vector<float>>(emb.size());
+  for (int64_t v = 0; v < P; ++v) {
+    float const* e = emb.data() + ((v + P - 1) % P) * H;
+    double norm = 0.0;
+    for (int64_t i = 0; i < H; ++i) norm += static_cast<double>(e[i]) * e[i];
+    double const k = kRepeatHeadNorm / std::sqrt(norm);
+    for (int64_t i = 0; i < H; ++i) (*rows)[v * H + i] = static_cast<float>(k * e[i]);
+  }
+  std::shared_ptr<std::vector<float> const> const head = std::move(rows);
+  std::string const lm_head = c.lm_head_prefix.substr(0, c.lm_head_prefix.size() - 1);
+  int heads = 0;
+  for (WriteEntry& e : *entries) {
+    if (!e.is_linear) continue;
+    std::string const& m = e.linear.module_name;
+    if (ends_with(m, ".o_proj") || ends_with(m, ".down_proj")) {
+      e.edit = [](std::vector<float>* W) { std::fill(W->begin(), W->end(), 0.0f); };
+    } else if (m == lm_head) {
+      e.edit = [head](std::vector<float>* W) { std::copy(head->begin(), head->end(), W->begin()); };
+      ++heads;
+    }
+  }
+  if (heads != 1) {
+    return Status::Internal(c.source + ": repeat_period: " + std::to_string(heads) + " modules \"" +
+                            lm_head + "\" in the schema, expected 1");
+  }
+  return Status::Ok();
+}
+
 inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::json config,
                                            uint64_t seed, bool int4, int shards,
-                                           io::ProgressFn const& progress) {
+                                           io::ProgressFn const& progress,
+                                           KimiRandomOptions const& options) {
   namespace fs = std::filesystem;
   std::string const config_path = (fs::path(dir) / "config.json").string();
   if (!config.is_object()) {
@@ -432,6 +526,9 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
   KimiWeights scratch;
   WriteListSink sink{&entries};
   SPECDEC_RETURN_IF_ERROR(walk_kimi_schema(parsed, &scratch, sink));
+  if (options.repeat_period != 0) {
+    SPECDEC_RETURN_IF_ERROR(set_repeat_edits(parsed, options.repeat_period, seed, &entries));
+  }
   int64_t const T = static_cast<int64_t>(entries.size());
   if (shards < 1 || shards > T) {
     return Status::InvalidArgument("shards = " + std::to_string(shards) + " for " + dir +
@@ -496,9 +593,10 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
 // `dir`. Errors name the directory / file and the problem; nothing is overwritten.
 inline Status write_random_checkpoint(std::string const& dir, nlohmann::json const& config,
                                       uint64_t seed, bool int4, int shards,
-                                      io::ProgressFn progress = {}) {
+                                      io::ProgressFn progress = {},
+                                      KimiRandomOptions const& options = {}) {
   try {
-    return detail::write_random_checkpoint_impl(dir, config, seed, int4, shards, progress);
+    return detail::write_random_checkpoint_impl(dir, config, seed, int4, shards, progress, options);
   } catch (std::exception const& e) {
     return Status::Internal(dir + ": writing a random checkpoint: " + e.what());
   }
@@ -507,10 +605,11 @@ inline Status write_random_checkpoint(std::string const& dir, nlohmann::json con
 // The same for a preset (kimi_preset_config).
 inline Status write_random_preset(std::string const& dir, std::string_view preset, uint64_t seed,
                                   bool int4, int shards, std::optional<int> num_layers = {},
-                                  io::ProgressFn progress = {}) {
+                                  io::ProgressFn progress = {},
+                                  KimiRandomOptions const& options = {}) {
   nlohmann::json config;
   SPECDEC_RETURN_IF_ERROR(kimi_preset_config(preset, num_layers, &config));
-  return write_random_checkpoint(dir, config, seed, int4, shards, std::move(progress));
+  return write_random_checkpoint(dir, config, seed, int4, shards, std::move(progress), options);
 }
 
 }  // namespace specdec::model::kimi
