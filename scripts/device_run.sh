@@ -105,6 +105,7 @@ if wants bench; then
       --benchmark_out="$logs/$family.json" --benchmark_out_format=json > "$logs/$family.txt" 2>&1 ||
       { echo "$family: exit $?" >> "$summary"; status=1; }
   done
+  timeout "${SPECDEC_BENCH_SECONDS:-60}" $build/benchmarks/specdec_bench_engine > "$logs/engine.txt" 2>&1 || { echo "specdec_bench_engine: exit $?" >> "$summary"; status=1; }; grep "^BM_" "$logs/engine.txt" >> "$summary"
   python3 scripts/bench_table.py "$logs"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
   echo "--- bench: results.md written" >> "$summary"
 fi
