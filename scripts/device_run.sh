@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # The whole GPU run on the H200 machine, in one call: configure for sm_90 with ninja, build (with
 # ptxas's resource report), run every test (GPU tests included), the transformers parity fixture
-# and the op benchmarks. Logs go to a scratch folder; $OUT (default ./device-out) receives only
+# the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|kimi]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|kimi]... [--bench-filter REGEX]
+# engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
+# CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # kimi (not in all): writes the kimi-k2.5 preset with $SPECDEC_KIMI_LAYERS (default 2) layers and
-# INT4 experts at real dimensions (14.4 GB for 2 layers, ~270 s) and generates 32 tokens on the
-# CUDA engine, plainly (NONE) and with an n-gram chain of 4: tokens/s and the time per verify of
-# each phase, whose ratio says at which accept length a chain of 4 pays on this model.
+# INT4 experts at real dimensions (14.4 GB for 2 layers, ~270 s) whose greedy text repeats with
+# period 16 (--repeat-period: the same tensors and cost, residual writers zero) and generates 32
+# tokens on the CUDA engine from a prompt holding one period, plainly (NONE) and with an n-gram
+# chain of 4: tokens/s, accept length and the time per verify of each phase (their ratio: the
+# accept length at which a chain of 4 pays on this model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=() filter=.
 while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
-    all) stages+=(tests parity bench); shift ;;
-    tests|parity|bench|kimi) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench; --bench-filter REGEX)" >&2; exit 2 ;;
+    all) stages+=(tests parity bench engine); shift ;;
+    tests|parity|bench|engine|kimi) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine kimi; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(tests parity bench)
+[ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
 wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 only_kimi=; [ "${stages[*]}" = kimi ] && only_kimi="--target specdec-kimi"  # the binary alone
 OUT=${OUT:-$PWD/device-out}
@@ -70,9 +74,9 @@ if wants kimi; then
   dir=$(mktemp -d)/kimi
   t0=$SECONDS
   gen=($build/examples/specdec-kimi generate --model-path "$dir" --device cuda --json --ignore-eos
-       --max-new-tokens 32 --input-ids 1000,2000,3000,4000,5000,6000,7000,8000)
+       --max-new-tokens 32 --input-ids 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,0,1,2,3)
   if $build/examples/specdec-kimi init-random --preset kimi-k2.5 --num-layers "$layers" --int4 \
-       --out "$dir" > "$logs/kimi.log" 2>&1 &&
+       --repeat-period 16 --out "$dir" > "$logs/kimi.log" 2>&1 &&
      echo "--- kimi-k2.5, $layers layers, INT4 experts: written in $((SECONDS - t0)) s" >> "$summary" &&
      "${gen[@]}" > "$logs/kimi.json" 2>> "$logs/kimi.log" &&
      "${gen[@]}" --speculative-algorithm NGRAM --speculative-num-steps 4 \
@@ -95,6 +99,14 @@ PY
   fi
   rm -rf "$dir"
 fi
+if wants engine; then
+  if timeout "${SPECDEC_BENCH_SECONDS:-120}" $build/benchmarks/specdec_bench_engine \
+       --benchmark_out="$logs/engine.json" --benchmark_out_format=json > "$logs/engine.txt" 2>&1; then
+    { echo "--- engine"; grep "^BM_" "$logs/engine.txt"; } >> "$summary"
+  else
+    { echo "--- engine FAILED ($?)"; tail -5 "$logs/engine.txt"; } >> "$summary"; status=1
+  fi
+fi
 if wants bench; then
   # One family at a time, each bounded, so a slow family cannot cost the others their numbers.
   families=$($build/benchmarks/specdec_bench_ops --benchmark_list_tests | sed 's|/.*||' | sort -u |
@@ -105,7 +117,6 @@ if wants bench; then
       --benchmark_out="$logs/$family.json" --benchmark_out_format=json > "$logs/$family.txt" 2>&1 ||
       { echo "$family: exit $?" >> "$summary"; status=1; }
   done
-  timeout "${SPECDEC_BENCH_SECONDS:-60}" $build/benchmarks/specdec_bench_engine > "$logs/engine.txt" 2>&1 || { echo "specdec_bench_engine: exit $?" >> "$summary"; status=1; }; grep "^BM_" "$logs/engine.txt" >> "$summary"
   python3 scripts/bench_table.py "$logs"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
   echo "--- bench: results.md written" >> "$summary"
 fi
