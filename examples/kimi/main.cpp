@@ -1,56 +1,41 @@
 // specdec-kimi: the Kimi-K2.5 reference binary (loading part).
 //
-//   specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]
-//   [--int4] [--shards N]
-//                            [--num-layers L]
-//       writes a random checkpoint (config.json + safetensors) of the preset
-//       into a new or empty DIR;
-//       --repeat-period P makes its greedy text repeat: the token after t < P
-//       is (t + 1) mod P (model/kimi/random_checkpoint.hpp), text on which
-//       n-gram drafting is exact
+//   specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S] [--int4] [--shards N]
+//                            [--num-layers L] [--repeat-period P]
+//       writes a random checkpoint (config.json + safetensors) of the preset into a new or empty
+//       DIR; --repeat-period P makes its greedy text repeat: the token after t < P is (t + 1) mod P
+//       (model/kimi/random_checkpoint.hpp), text on which n-gram drafting is exact
 //   specdec-kimi inspect --model-path DIR
-//       loads config + weights (progress bar on stderr) and prints
-//       describe(config), the tensor count and bytes, and whether the routed
-//       experts are INT4
-//   specdec-kimi init-random ... --draft eagle3 --layers 0,1,2 --draft-out DIR
-//   [--draft-vocab V] specdec-kimi init-random ... --draft eagle --draft-out
-//   DIR
-//       also writes a random EAGLE-3 draft (SpecForge layout) or EAGLE-1/2
-//       draft (LlamaForCausalLMEagle: fc over [embedding, last hidden]) for
-//       that target into DIR
-//   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N
-//   [--temperature T]
-//                         [--top-k K] [--top-p P] [--seed S] [--device
-//                         cpu|cuda] [--ignore-eos]
+//       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
+//       count and bytes, and whether the routed experts are INT4
+//   specdec-kimi init-random ... --draft eagle3 --layers 0,1,2 --draft-out DIR [--draft-vocab V]
+//   specdec-kimi init-random ... --draft eagle --draft-out DIR
+//       also writes a random EAGLE-3 draft (SpecForge layout) or EAGLE-1/2 draft
+//       (LlamaForCausalLMEagle: fc over [embedding, last hidden]) for that target into DIR
+//   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N [--temperature T]
+//                         [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--ignore-eos]
 //                         [--page-size P] [--json]
 //                         [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]
-//                         [--speculative-draft-model-path DIR]
-//                         [--speculative-num-steps S]
-//                         [--speculative-eagle-topk K]
-//                         [--speculative-num-draft-tokens N]
+//                         [--speculative-draft-model-path DIR] [--speculative-num-steps S]
+//                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
 //                         [--no-self-check]
-//       generation on the CPU or the CUDA executor (GPU 0; this binary is
-//       compiled as CUDA where the build has CUDA). Every run goes through
-//       engine/spec_engine.hpp (NONE: plain decoding in the same loop); the
-//       flags select one of ServedPolicies below (the EAGLE3 layer set is the
-//       draft checkpoint's), an inconsistent or uncompiled combination is an
-//       error naming the fix, and the effective configuration is printed in one
-//       line on stderr. Unless --no-self-check, a few greedy steps on a
-//       built-in prompt run first and warn when nothing is accepted. --device
-//       cuda runs SpecEngine<P, CudaExecutor> (the target on the GPU; the EAGLE
-//       draft on the host). --json prints one object: output_ids, tokens_per_s
-//       (output tokens / wall time of the request, prefill and any first-call
-//       set-up included), decode_tokens_per_s (tokens after the first / time of
-//       the speculative steps), accept_length, accept_rate,
-//       per_position_accept, verify_ct and the time split.
+//       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
+//       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
+//       in the same loop); the flags select one of ServedPolicies below (the
+//       EAGLE3 layer set is the draft checkpoint's), an inconsistent or uncompiled combination is
+//       an error naming the fix, and the effective configuration is printed in one line on
+//       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
+//       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
+//       on the GPU; the EAGLE draft on the host). --json prints one object: output_ids,
+//       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
+//       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
+//       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
-//       writes a copy of an INT4-expert checkpoint with float32 dense experts
-//       (exact) and no quantization_config, for frameworks that read dense
-//       weights (scripts/hf_parity.py --int4)
+//       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
+//       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
 //
-// Flags are strict: an unknown flag, a missing value or a malformed number is
-// an error naming the flag (exit 2); a failed load or write prints the Status
-// (exit 1).
+// Flags are strict: an unknown flag, a missing value or a malformed number is an error naming the
+// flag (exit 2); a failed load or write prints the Status (exit 1).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -88,80 +73,62 @@ namespace {
 
 using specdec::Status;
 
-// The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults
-// (core/dispatch.hpp) and, for the tiny preset's 4 layers, EAGLE-3 over layers
-// [0, 1, 2] (what `init-random --draft eagle3 --layers 0,1,2` writes), plus
-// EAGLE-1/2 and n-gram chains and trees (any target).
+// The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults (core/dispatch.hpp)
+// and, for the tiny preset's 4 layers, EAGLE-3 over layers [0, 1, 2] (what `init-random --draft
+// eagle3 --layers 0,1,2` writes), plus EAGLE-1/2 and n-gram chains and trees (any target).
 using TinyLayers = specdec::Layers<0, 1, 2>;
 template <class Tree>
-using TinyEagle3 =
-    specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
+using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
 template <class Tree>
-using EaglePolicy = specdec::SpecPolicy<specdec::Eagle, specdec::Layers<>, Tree,
-                                        specdec::Eager>;
+using EaglePolicy = specdec::SpecPolicy<specdec::Eagle, specdec::Layers<>, Tree, specdec::Eager>;
 template <class Tree>
-using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree,
-                                        specdec::Eager>;
+using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree, specdec::Eager>;
 using ServedPolicies = specdec::PolicyList<
-    specdec::KimiK25Eagle3Chain<specdec::Eager>,
-    specdec::KimiK25Eagle3Top4<specdec::Eager>,
-    specdec::KimiK25Eagle3Top8<specdec::Eager>,
-    specdec::KimiK25NGramChain<specdec::Eager>,
+    specdec::KimiK25Eagle3Chain<specdec::Eager>, specdec::KimiK25Eagle3Top4<specdec::Eager>,
+    specdec::KimiK25Eagle3Top8<specdec::Eager>, specdec::KimiK25NGramChain<specdec::Eager>,
     specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<3>>,
     TinyEagle3<specdec::TreeShape<4, 3, 8>>, EaglePolicy<specdec::Chain<3>>,
     EaglePolicy<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
     NGramPolicy<specdec::TreeShape<4, 2, 8>>>;
 
-void usage(std::FILE *out) {
-  std::fprintf(
-      out,
-      "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR "
-      "[--seed S]\n"
-      "                                [--int4] [--shards N] [--num-layers L]\n"
-      "                                [--repeat-period P]\n"
-      "                                [--draft eagle3 --layers 0,1,2 "
-      "--draft-out DIR\n"
-      "                                 [--draft-vocab V] | --draft eagle "
-      "--draft-out DIR]\n"
-      "       specdec-kimi inspect --model-path DIR\n"
-      "       specdec-kimi generate --model-path DIR --input-ids 1,2,3 "
-      "--max-new-tokens N\n"
-      "                             [--temperature T] [--top-k K] [--top-p P] "
-      "[--seed S]\n"
-      "                             [--device cpu|cuda] [--ignore-eos] "
-      "[--page-size P]\n"
-      "                             [--json] [--speculative-algorithm "
-      "EAGLE3|EAGLE|NGRAM|NONE]\n"
-      "                             [--speculative-draft-model-path DIR]\n"
-      "                             [--speculative-num-steps S] "
-      "[--speculative-eagle-topk K]\n"
-      "                             [--speculative-num-draft-tokens N] "
-      "[--no-self-check]\n"
-      "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]\n"
+               "                                [--int4] [--shards N] [--num-layers L]\n"
+               "                                [--repeat-period P]\n"
+               "                                [--draft eagle3 --layers 0,1,2 --draft-out DIR\n"
+               "                                 [--draft-vocab V] | --draft eagle --draft-out DIR]\n"
+               "       specdec-kimi inspect --model-path DIR\n"
+               "       specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N\n"
+               "                             [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+               "                             [--device cpu|cuda] [--ignore-eos] [--page-size P]\n"
+               "                             [--json] [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]\n"
+               "                             [--speculative-draft-model-path DIR]\n"
+               "                             [--speculative-num-steps S] [--speculative-eagle-topk K]\n"
+               "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
+               "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
 }
 
-[[noreturn]] void fail_usage(std::string const &msg) {
+[[noreturn]] void fail_usage(std::string const& msg) {
   std::fprintf(stderr, "error: %s\n", msg.c_str());
   usage(stderr);
   std::exit(2);
 }
 
-// A flag's value as a number; anything but a whole number of that type is an
-// error naming the flag.
-template <class T> T number(char const *flag, char const *text) {
+// A flag's value as a number; anything but a whole number of that type is an error naming the flag.
+template <class T>
+T number(char const* flag, char const* text) {
   T value{};
-  char const *end = text + std::strlen(text);
+  char const* end = text + std::strlen(text);
   auto const [ptr, ec] = std::from_chars(text, end, value);
   if (ec != std::errc() || ptr != end || ptr == text) {
-    fail_usage(std::string(flag) +
-               (std::is_floating_point_v<T> ? " expects a number"
-                                            : " expects a whole number") +
+    fail_usage(std::string(flag) + (std::is_floating_point_v<T> ? " expects a number" : " expects a whole number") +
                ", got '" + text + "'");
   }
   return value;
 }
 
-int finish(Status const &s) {
+int finish(Status const& s) {
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
     return 1;
@@ -170,61 +137,57 @@ int finish(Status const &s) {
 }
 
 // The flags after the command, walked in order:
-//   for (Flags f(argc, argv); f.next();) { if (f.is("--x")) x = f.value(); ...
-//   else f.unknown(); }
+//   for (Flags f(argc, argv); f.next();) { if (f.is("--x")) x = f.value(); ... else f.unknown(); }
 class Flags {
-public:
-  Flags(int argc, char **argv) : argc_(argc), argv_(argv) {}
+ public:
+  Flags(int argc, char** argv) : argc_(argc), argv_(argv) {}
   bool next() {
-    if (++i_ >= argc_)
-      return false;
+    if (++i_ >= argc_) return false;
     flag_ = argv_[i_];
     return true;
   }
-  bool is(char const *name) const { return flag_ == name; }
-  char const *value() {
-    if (i_ + 1 >= argc_)
-      fail_usage(flag_ + " needs a value");
+  bool is(char const* name) const { return flag_ == name; }
+  char const* value() {
+    if (i_ + 1 >= argc_) fail_usage(flag_ + " needs a value");
     return argv_[++i_];
   }
-  template <class T> T number() {
-    char const *text = value();
+  template <class T>
+  T number() {
+    char const* text = value();
     return ::number<T>(flag_.c_str(), text);
   }
   [[noreturn]] void unknown() const {
     fail_usage("unknown flag " + flag_ + " for " + argv_[1]);
   }
 
-private:
+ private:
   int argc_;
-  char **argv_;
-  int i_ = 1; // argv[1] is the command
+  char** argv_;
+  int i_ = 1;  // argv[1] is the command
   std::string flag_;
 };
 
-// config.json, the safetensors and every weight of the checkpoint at `path`
-// (progress on stderr).
+// config.json, the safetensors and every weight of the checkpoint at `path` (progress on stderr).
 struct LoadedCheckpoint {
   specdec::io::DeepseekV3Config config;
   specdec::io::SafetensorsCheckpoint ckpt;
   specdec::model::kimi::KimiWeights weights;
-  bool config_loaded = false; // config is valid even when a later step failed
+  bool config_loaded = false;  // config is valid even when a later step failed
 };
-Status load_checkpoint(std::string const &path, LoadedCheckpoint *m) {
+Status load_checkpoint(std::string const& path, LoadedCheckpoint* m) {
   SPECDEC_RETURN_IF_ERROR(specdec::io::load_config(path, &m->config));
   m->config_loaded = true;
-  SPECDEC_RETURN_IF_ERROR(
-      specdec::io::SafetensorsCheckpoint::open(path, &m->ckpt));
+  SPECDEC_RETURN_IF_ERROR(specdec::io::SafetensorsCheckpoint::open(path, &m->ckpt));
   specdec::io::ProgressBar bar("load " + path);
-  Status const s = specdec::model::kimi::load_kimi_weights(
-      m->ckpt, m->config, &m->weights, bar.callback());
+  Status const s = specdec::model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights,
+                                                           bar.callback());
   bar.finish();
   return s;
 }
 
 // "1,2,3" -> {1, 2, 3}; any other text is a usage error naming the flag.
 template <class T>
-std::vector<T> number_list(char const *flag, std::string const &text) {
+std::vector<T> number_list(char const* flag, std::string const& text) {
   std::vector<T> values;
   size_t begin = 0;
   while (begin <= text.size()) {
@@ -235,7 +198,7 @@ std::vector<T> number_list(char const *flag, std::string const &text) {
   return values;
 }
 
-int init_random(int argc, char **argv) {
+int init_random(int argc, char** argv) {
   std::string preset, out, draft, draft_out, layers;
   uint64_t seed = 0;
   bool int4 = false;
@@ -244,86 +207,58 @@ int init_random(int argc, char **argv) {
   specdec::model::eagle::DraftRandomOptions draft_options;
   specdec::model::kimi::KimiRandomOptions random_options;
   for (Flags f(argc, argv); f.next();) {
-    if (f.is("--preset"))
-      preset = f.value();
-    else if (f.is("--out"))
-      out = f.value();
-    else if (f.is("--seed"))
-      seed = f.number<uint64_t>();
-    else if (f.is("--int4"))
-      int4 = true;
-    else if (f.is("--shards"))
-      shards = f.number<int>();
-    else if (f.is("--num-layers"))
-      num_layers = f.number<int>();
-    else if (f.is("--draft"))
-      draft = f.value();
-    else if (f.is("--layers"))
-      layers = f.value();
-    else if (f.is("--draft-out"))
-      draft_out = f.value();
-    else if (f.is("--draft-vocab"))
-      draft_options.draft_vocab_size = f.number<int>();
-    else if (f.is("--repeat-period"))
-      random_options.repeat_period = f.number<int>();
-    else
-      f.unknown();
+    if (f.is("--preset")) preset = f.value();
+    else if (f.is("--out")) out = f.value();
+    else if (f.is("--seed")) seed = f.number<uint64_t>();
+    else if (f.is("--int4")) int4 = true;
+    else if (f.is("--shards")) shards = f.number<int>();
+    else if (f.is("--num-layers")) num_layers = f.number<int>();
+    else if (f.is("--draft")) draft = f.value();
+    else if (f.is("--layers")) layers = f.value();
+    else if (f.is("--draft-out")) draft_out = f.value();
+    else if (f.is("--draft-vocab")) draft_options.draft_vocab_size = f.number<int>();
+    else if (f.is("--repeat-period")) random_options.repeat_period = f.number<int>();
+    else f.unknown();
   }
-  if (preset.empty())
-    fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
-  if (out.empty())
-    fail_usage("init-random needs --out DIR");
+  if (preset.empty()) fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
+  if (out.empty()) fail_usage("init-random needs --out DIR");
   if (!draft.empty() && draft != "eagle3" && draft != "eagle") {
-    fail_usage("--draft " + draft +
-               ": use eagle3 (EAGLE-3) or eagle (EAGLE-1/2)");
+    fail_usage("--draft " + draft + ": use eagle3 (EAGLE-3) or eagle (EAGLE-1/2)");
   }
   bool const eagle3 = draft == "eagle3";
   if (draft.empty() != draft_out.empty() || (eagle3 && layers.empty())) {
-    fail_usage("--draft and --draft-out go together, with --layers for eagle3 "
-               "(e.g. --draft "
-               "eagle3 --layers 0,1,2 --draft-out DIR, or --draft eagle "
-               "--draft-out DIR)");
+    fail_usage("--draft and --draft-out go together, with --layers for eagle3 (e.g. --draft "
+               "eagle3 --layers 0,1,2 --draft-out DIR, or --draft eagle --draft-out DIR)");
   }
   if (draft == "eagle" && !layers.empty()) {
     fail_usage("--layers " + layers +
-               " with --draft eagle: an EAGLE-1/2 draft reads the target's "
-               "last hidden state, "
+               " with --draft eagle: an EAGLE-1/2 draft reads the target's last hidden state, "
                "not a layer set (use --draft eagle3 for a layer set)");
   }
   if (draft == "eagle" && draft_options.draft_vocab_size != 0) {
-    fail_usage(
-        "--draft-vocab with --draft eagle: an EAGLE-1/2 draft predicts in the "
-        "target's "
-        "vocabulary (use --draft eagle3 for a reduced draft vocabulary)");
+    fail_usage("--draft-vocab with --draft eagle: an EAGLE-1/2 draft predicts in the target's "
+               "vocabulary (use --draft eagle3 for a reduced draft vocabulary)");
   }
   specdec::io::ProgressBar bar("write " + out);
-  Status s = specdec::model::kimi::write_random_preset(
-      out, preset, seed, int4, shards, num_layers, bar.callback(),
-      random_options);
+  Status s = specdec::model::kimi::write_random_preset(out, preset, seed, int4, shards, num_layers,
+                                                       bar.callback(), random_options);
   bar.finish();
-  if (!s.ok())
-    return finish(s);
-  std::printf(
-      "wrote %s checkpoint (%s, %d shard%s, seed %llu%s) to %s\n",
-      preset.c_str(), int4 ? "INT4 experts" : "bf16", shards,
-      shards == 1 ? "" : "s", static_cast<unsigned long long>(seed),
+  if (!s.ok()) return finish(s);
+  std::string const period =
       random_options.repeat_period > 0
-          ? (", repeat period " + std::to_string(random_options.repeat_period))
-                .c_str()
-          : "",
-      out.c_str());
-  if (draft.empty())
-    return 0;
+          ? ", repeat period " + std::to_string(random_options.repeat_period)
+          : "";
+  std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu%s) to %s\n", preset.c_str(),
+              int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
+              static_cast<unsigned long long>(seed), period.c_str(), out.c_str());
+  if (draft.empty()) return 0;
   specdec::io::DeepseekV3Config target;
   s = specdec::io::load_config(out, &target);
-  if (!s.ok())
-    return finish(s);
+  if (!s.ok()) return finish(s);
   namespace eagle = specdec::model::eagle;
-  std::vector<int> const ids =
-      eagle3 ? number_list<int>("--layers", layers) : std::vector<int>{};
+  std::vector<int> const ids = eagle3 ? number_list<int>("--layers", layers) : std::vector<int>{};
   s = eagle::write_random_draft(draft_out, target, ids, seed + 1, draft_options,
-                                eagle3 ? eagle::kEagle3Architecture
-                                       : eagle::kEagleArchitecture);
+                                eagle3 ? eagle::kEagle3Architecture : eagle::kEagleArchitecture);
   if (s.ok() && eagle3) {
     std::printf("wrote a random EAGLE-3 draft (layers %s) to %s\n",
                 specdec::format_layers(ids).c_str(), draft_out.c_str());
@@ -333,29 +268,22 @@ int init_random(int argc, char **argv) {
   return finish(s);
 }
 
-int inspect(int argc, char **argv) {
+int inspect(int argc, char** argv) {
   std::string path;
   for (Flags f(argc, argv); f.next();) {
-    if (f.is("--model-path"))
-      path = f.value();
-    else
-      f.unknown();
+    if (f.is("--model-path")) path = f.value();
+    else f.unknown();
   }
-  if (path.empty())
-    fail_usage("inspect needs --model-path DIR");
+  if (path.empty()) fail_usage("inspect needs --model-path DIR");
   LoadedCheckpoint m;
   Status const s = load_checkpoint(path, &m);
-  if (m.config_loaded)
-    std::printf("%s\n", specdec::io::describe(m.config).c_str());
-  if (!s.ok())
-    return finish(s);
-  std::printf(
-      "tensors: %lld in %zu shard%s, %s (%llu bytes)\n",
-      static_cast<long long>(m.weights.num_tensors), m.ckpt.num_shards(),
-      m.ckpt.num_shards() == 1 ? "" : "s",
-      specdec::io::format_bytes(static_cast<double>(m.weights.num_bytes))
-          .c_str(),
-      static_cast<unsigned long long>(m.weights.num_bytes));
+  if (m.config_loaded) std::printf("%s\n", specdec::io::describe(m.config).c_str());
+  if (!s.ok()) return finish(s);
+  std::printf("tensors: %lld in %zu shard%s, %s (%llu bytes)\n",
+              static_cast<long long>(m.weights.num_tensors), m.ckpt.num_shards(),
+              m.ckpt.num_shards() == 1 ? "" : "s",
+              specdec::io::format_bytes(static_cast<double>(m.weights.num_bytes)).c_str(),
+              static_cast<unsigned long long>(m.weights.num_bytes));
   std::printf("routed experts: %s\n", m.weights.experts_int4 ? "INT4" : "bf16");
   return 0;
 }
@@ -367,62 +295,54 @@ struct GenerateFlags {
   int32_t top_k = 0;
   float top_p = 1.0f;
   bool json = false, self_check = true;
-  specdec::SpecConfig spec; // algorithm NONE: steps 0, topk 0, nodes 1
+  specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
 };
 
 // The timings and speculation figures of the JSON output.
-void add_metrics(specdec::engine::SpecMetrics const &m, nlohmann::json *j) {
+void add_metrics(specdec::engine::SpecMetrics const& m, nlohmann::json* j) {
   (*j)["accept_length"] = m.accept_length();
   (*j)["accept_rate"] = m.accept_rate();
   (*j)["per_position_accept"] = m.per_position_accept();
   (*j)["verify_ct"] = m.verify_ct;
   (*j)["proposed_drafts"] = m.proposed();
   (*j)["accepted_drafts"] = m.accepted();
-  (*j)["time_s"] = {{"prefill", m.prefill_s}, {"draft", m.draft_s},
-                    {"build", m.build_s},     {"verify", m.verify_s},
-                    {"commit", m.commit_s},   {"extend", m.extend_s}};
+  (*j)["time_s"] = {{"prefill", m.prefill_s}, {"draft", m.draft_s},   {"build", m.build_s},
+                    {"verify", m.verify_s},   {"commit", m.commit_s}, {"extend", m.extend_s}};
 }
 
-// One request through SpecEngine<P, Exec>: draft loaded for P (over the
-// target's fp32 host tensors `target_tensors`), self-check, generation.
+// One request through SpecEngine<P, Exec>: draft loaded for P (over the target's fp32 host
+// tensors `target_tensors`), self-check, generation.
 template <class P, class Exec>
-Status
-run_engine(GenerateFlags const &g, LoadedCheckpoint const &m,
-           typename specdec::engine::SpecEngine<P, Exec>::TargetModel *target,
-           specdec::model::eagle::TargetTensors const &target_tensors,
-           std::vector<int32_t> const &ids, nlohmann::json *j) {
+Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
+                  typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                  specdec::model::eagle::TargetTensors const& target_tensors,
+                  std::vector<int32_t> const& ids, nlohmann::json* j) {
   namespace eagle = specdec::model::eagle;
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   eagle::DraftCpuModel draft;
   if constexpr (Engine::kDraftsWithModel) {
     specdec::io::ProgressBar bar("load draft " + g.draft_path);
-    Status const s = eagle::load_draft_cpu_model(
-        g.draft_path, m.config, target_tensors, P::kKind, P::Layers::ids(),
-        specdec::describe<P>(), &draft);
+    Status const s = eagle::load_draft_cpu_model(g.draft_path, m.config, target_tensors, P::kKind,
+                                                 P::Layers::ids(), specdec::describe<P>(), &draft);
     bar.finish();
     SPECDEC_RETURN_IF_ERROR(s);
   }
   Engine engine;
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
-  SPECDEC_RETURN_IF_ERROR(Engine::create(
-      target, Engine::kDraftsWithModel ? &draft : nullptr, eo, &engine));
-  std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n",
-               specdec::describe<P>().c_str(),
+  SPECDEC_RETURN_IF_ERROR(
+      Engine::create(target, Engine::kDraftsWithModel ? &draft : nullptr, eo, &engine));
+  std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
                g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
-  // Also the warm-up of every run (NONE included, which it never warns about),
-  // so the timed request does not carry the first call's set-up.
+  // Also the warm-up of every run (NONE included, which it never warns about), so the timed
+  // request does not carry the first call's set-up.
   if (g.self_check) {
     specdec::engine::SelfCheckReport report;
-    SPECDEC_RETURN_IF_ERROR(
-        specdec::engine::self_check(engine, m.config.vocab_size, &report));
-    std::fprintf(
-        stderr,
-        "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
-        report.metrics.accept_length(),
-        static_cast<long long>(report.metrics.verify_ct));
-    if (!report.warning.empty())
-      std::fprintf(stderr, "%s\n", report.warning.c_str());
+    SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(engine, m.config.vocab_size, &report));
+    std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
+                 report.metrics.accept_length(),
+                 static_cast<long long>(report.metrics.verify_ct));
+    if (!report.warning.empty()) std::fprintf(stderr, "%s\n", report.warning.c_str());
   }
   specdec::engine::GenerationRequest r;
   r.prompt = ids;
@@ -437,11 +357,10 @@ run_engine(GenerateFlags const &g, LoadedCheckpoint const &m,
   auto const t0 = std::chrono::steady_clock::now();
   SPECDEC_RETURN_IF_ERROR(engine.generate({&r, 1}, &out, &total));
   double const seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // After the prefill (and its first token): the speculative steps alone.
-  double const steps_s = total.draft_s + total.build_s + total.verify_s +
-                         total.commit_s + total.extend_s;
+  double const steps_s = total.draft_s + total.build_s + total.verify_s + total.commit_s +
+                         total.extend_s;
   size_t const n = out[0].output_ids.size();
   *j = {{"output_ids", out[0].output_ids},
         {"finish_reason", out[0].stopped_at_eos ? "eos" : "length"},
@@ -455,212 +374,151 @@ run_engine(GenerateFlags const &g, LoadedCheckpoint const &m,
   return Status::Ok();
 }
 
-int generate(int argc, char **argv) {
+int generate(int argc, char** argv) {
   GenerateFlags g;
-  bool have_max = false, have_steps = false, have_topk = false,
-       have_nodes = false;
+  bool have_max = false, have_steps = false, have_topk = false, have_nodes = false;
   for (Flags f(argc, argv); f.next();) {
-    if (f.is("--model-path"))
-      g.path = f.value();
-    else if (f.is("--input-ids"))
-      g.input = f.value();
-    else if (f.is("--max-new-tokens"))
-      g.o.max_new_tokens = f.number<int>(), have_max = true;
-    else if (f.is("--temperature"))
-      g.o.temperature = f.number<float>();
-    else if (f.is("--top-k"))
-      g.top_k = f.number<int32_t>();
-    else if (f.is("--top-p"))
-      g.top_p = f.number<float>();
-    else if (f.is("--seed"))
-      g.o.seed = f.number<uint64_t>();
-    else if (f.is("--device"))
-      g.device = f.value();
-    else if (f.is("--page-size"))
-      g.o.page_size = f.number<int>();
-    else if (f.is("--ignore-eos"))
-      g.o.stop_at_eos = false;
-    else if (f.is("--json"))
-      g.json = true;
-    else if (f.is("--no-self-check"))
-      g.self_check = false;
-    else if (f.is("--speculative-algorithm"))
-      g.spec.algorithm = f.value();
-    else if (f.is("--speculative-draft-model-path"))
-      g.draft_path = f.value();
-    else if (f.is("--speculative-num-steps"))
-      g.spec.num_steps = f.number<int>(), have_steps = true;
-    else if (f.is("--speculative-eagle-topk"))
-      g.spec.eagle_topk = f.number<int>(), have_topk = true;
+    if (f.is("--model-path")) g.path = f.value();
+    else if (f.is("--input-ids")) g.input = f.value();
+    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
+    else if (f.is("--temperature")) g.o.temperature = f.number<float>();
+    else if (f.is("--top-k")) g.top_k = f.number<int32_t>();
+    else if (f.is("--top-p")) g.top_p = f.number<float>();
+    else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
+    else if (f.is("--device")) g.device = f.value();
+    else if (f.is("--page-size")) g.o.page_size = f.number<int>();
+    else if (f.is("--ignore-eos")) g.o.stop_at_eos = false;
+    else if (f.is("--json")) g.json = true;
+    else if (f.is("--no-self-check")) g.self_check = false;
+    else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
+    else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
+    else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), have_steps = true;
+    else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), have_topk = true;
     else if (f.is("--speculative-num-draft-tokens"))
       g.spec.num_draft_tokens = f.number<int>(), have_nodes = true;
-    else
-      f.unknown();
+    else f.unknown();
   }
-  if (g.path.empty())
-    fail_usage("generate needs --model-path DIR");
-  if (g.input.empty())
-    fail_usage("generate needs --input-ids (comma-separated token ids)");
-  if (!have_max)
-    fail_usage("generate needs --max-new-tokens N");
-  if (g.device != "cpu" && g.device != "cuda")
-    fail_usage("--device " + g.device + ": use cpu or cuda");
+  if (g.path.empty()) fail_usage("generate needs --model-path DIR");
+  if (g.input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
+  if (!have_max) fail_usage("generate needs --max-new-tokens N");
+  if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
   if (g.spec.algorithm != "NONE" && !(have_steps && have_topk && have_nodes)) {
-    // The tree shape is never guessed: every flag of it is given, so nothing is
-    // adjusted.
+    // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
     return finish(Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
         " needs --speculative-num-steps, --speculative-eagle-topk and "
-        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); "
-        "none is defaulted"));
+        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); none is defaulted"));
   }
 #if defined(__CUDACC__)
   if (g.device == "cuda" && !specdec::cuda_device_available()) {
-    return finish(Status::Unsupported(
-        "--device cuda: no CUDA device is visible; use --device cpu"));
+    return finish(Status::Unsupported("--device cuda: no CUDA device is visible; use --device cpu"));
   }
 #else
   if (g.device == "cuda") {
-    return finish(Status::Unsupported("--device cuda: this specdec-kimi was "
-                                      "built without CUDA; use --device cpu"));
+    return finish(Status::Unsupported(
+        "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
   }
 #endif
   std::vector<int32_t> const ids = number_list<int32_t>("--input-ids", g.input);
-  // The configuration is checked against both config.json files before any
-  // weight is read.
+  // The configuration is checked against both config.json files before any weight is read.
   specdec::io::DeepseekV3Config target_config;
   Status s = specdec::io::load_config(g.path, &target_config);
-  if (!s.ok())
-    return finish(s);
+  if (!s.ok()) return finish(s);
   g.spec.num_target_layers = target_config.num_hidden_layers;
   specdec::DraftKind kind{};
-  if (!specdec::parse_draft_kind(g.spec.algorithm, &kind))
-    return finish(specdec::validate(g.spec));
+  if (!specdec::parse_draft_kind(g.spec.algorithm, &kind)) return finish(specdec::validate(g.spec));
   bool const drafts_with_model =
       kind == specdec::DraftKind::kEagle3 || kind == specdec::DraftKind::kEagle;
   if (drafts_with_model && g.draft_path.empty()) {
-    return finish(
-        Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
-                                " needs --speculative-draft-model-path DIR"));
+    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                          " needs --speculative-draft-model-path DIR"));
   }
   if (!drafts_with_model && !g.draft_path.empty()) {
-    return finish(Status::InvalidArgument(
-        "--speculative-algorithm " + g.spec.algorithm +
-        " uses no draft model, but "
-        "--speculative-draft-model-path was given: drop it, or "
-        "use EAGLE3 / EAGLE for a draft model"));
+    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                          " uses no draft model, but "
+                                          "--speculative-draft-model-path was given: drop it, or "
+                                          "use EAGLE3 / EAGLE for a draft model"));
   }
   if (drafts_with_model) {
-    // The layer set is the checkpoint's record; a draft of the other algorithm
-    // is named as such.
+    // The layer set is the checkpoint's record; a draft of the other algorithm is named as such.
     specdec::model::eagle::DraftConfig draft;
-    s = specdec::model::eagle::read_draft_config(
-        g.draft_path, target_config.num_hidden_layers, &draft);
-    if (!s.ok())
-      return finish(s);
-    s = specdec::model::eagle::check_draft_config_fits(
-        draft, kind, draft.layers,
-        "--speculative-algorithm " + g.spec.algorithm);
-    if (!s.ok())
-      return finish(s);
-    if (kind == specdec::DraftKind::kEagle3)
-      g.spec.layers = draft.layers;
+    s = specdec::model::eagle::read_draft_config(g.draft_path,
+                                                   target_config.num_hidden_layers, &draft);
+    if (!s.ok()) return finish(s);
+    s = specdec::model::eagle::check_draft_config_fits(draft, kind, draft.layers,
+                                                        "--speculative-algorithm " +
+                                                            g.spec.algorithm);
+    if (!s.ok()) return finish(s);
+    if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
   }
-  // Validated and matched to a compiled bundle (a dry dispatch) before the
-  // weights load.
-  s = specdec::dispatch<ServedPolicies>(
-      g.spec, [](auto) -> Status { return Status::Ok(); });
-  if (!s.ok())
-    return finish(s);
+  // Validated and matched to a compiled bundle (a dry dispatch) before the weights load.
+  s = specdec::dispatch<ServedPolicies>(g.spec, [](auto) -> Status { return Status::Ok(); });
+  if (!s.ok()) return finish(s);
   LoadedCheckpoint m;
   s = load_checkpoint(g.path, &m);
-  if (!s.ok())
-    return finish(s);
+  if (!s.ok()) return finish(s);
   nlohmann::json j;
   if (g.device == "cpu") {
     specdec::model::kimi::KimiCpuModel target;
     s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
-    if (!s.ok())
-      return finish(s);
+    if (!s.ok()) return finish(s);
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
       return run_engine<P, specdec::CpuExecutor>(
-          g, m, &target, specdec::model::eagle::target_tensors_of(target), ids,
-          &j);
+          g, m, &target, specdec::model::eagle::target_tensors_of(target), ids, &j);
     });
-    if (!s.ok())
-      return finish(s);
+    if (!s.ok()) return finish(s);
   }
 #if defined(__CUDACC__)
   if (g.device == "cuda") {
     specdec::model::kimi::KimiCudaModel target;
-    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config,
-                                                   &target);
-    if (!s.ok())
-      return finish(s);
-    specdec::model::eagle::HostTargetTensors
-        host; // what the (host) draft reads
+    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &target);
+    if (!s.ok()) return finish(s);
+    specdec::model::eagle::HostTargetTensors host;  // what the (host) draft reads
     if (drafts_with_model) {
-      s = specdec::model::eagle::host_target_tensors(m.weights, m.config,
-                                                     &host);
-      if (!s.ok())
-        return finish(s);
+      s = specdec::model::eagle::host_target_tensors(m.weights, m.config, &host);
+      if (!s.ok()) return finish(s);
     }
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CudaExecutor>(g, m, &target, host.view(),
-                                                  ids, &j);
+      return run_engine<P, specdec::CudaExecutor>(g, m, &target, host.view(), ids, &j);
     });
-    if (!s.ok())
-      return finish(s);
+    if (!s.ok()) return finish(s);
   }
 #endif
   std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }
 
-int dequantize(int argc, char **argv) {
+int dequantize(int argc, char** argv) {
   std::string path, out;
   for (Flags f(argc, argv); f.next();) {
-    if (f.is("--model-path"))
-      path = f.value();
-    else if (f.is("--out"))
-      out = f.value();
-    else
-      f.unknown();
+    if (f.is("--model-path")) path = f.value();
+    else if (f.is("--out")) out = f.value();
+    else f.unknown();
   }
-  if (path.empty())
-    fail_usage("dequantize needs --model-path DIR");
-  if (out.empty())
-    fail_usage("dequantize needs --out DIR2");
+  if (path.empty()) fail_usage("dequantize needs --model-path DIR");
+  if (out.empty()) fail_usage("dequantize needs --out DIR2");
   Status const s = specdec::model::kimi::write_dequantized_copy(path, out);
-  if (s.ok())
-    std::printf("wrote the float32-expert copy of %s to %s\n", path.c_str(),
-                out.c_str());
+  if (s.ok()) std::printf("wrote the float32-expert copy of %s to %s\n", path.c_str(), out.c_str());
   return finish(s);
 }
 
-} // namespace
+}  // namespace
 
-int main(int argc, char **argv) {
-  if (argc < 2)
-    fail_usage("missing command (init-random, inspect, generate, dequantize)");
+int main(int argc, char** argv) {
+  if (argc < 2) fail_usage("missing command (init-random, inspect, generate, dequantize)");
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;
   }
   try {
-    if (cmd == "init-random")
-      return init_random(argc, argv);
-    if (cmd == "inspect")
-      return inspect(argc, argv);
-    if (cmd == "dequantize")
-      return dequantize(argc, argv);
-    if (cmd == "generate")
-      return generate(argc, argv);
-  } catch (std::exception const &e) {
+    if (cmd == "init-random") return init_random(argc, argv);
+    if (cmd == "inspect") return inspect(argc, argv);
+    if (cmd == "dequantize") return dequantize(argc, argv);
+    if (cmd == "generate") return generate(argc, argv);
+  } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  fail_usage("unknown command '" + cmd +
-             "' (init-random, inspect, generate, dequantize)");
+  fail_usage("unknown command '" + cmd + "' (init-random, inspect, generate, dequantize)");
 }

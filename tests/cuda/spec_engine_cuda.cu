@@ -1,18 +1,26 @@
 // SpecEngine<Policy, CudaExecutor> (engine/spec_engine.hpp + engine/target_cuda.cuh) on the tiny
-// random target on the GPU, with the random EAGLE-3 draft over layers [0, 1, 2] on the host:
+// random target on the GPU, with the random EAGLE-3 draft over layers [0, 1, 2] and a random
+// EAGLE-1/2 draft on the host:
 //   * plain decoding through the CUDA engine gives kimi_generate's tokens on the CUDA executor;
-//   * greedy speculation (n-gram chain and tree, EAGLE-3 chain and trees) gives the CUDA engine's
-//     plain output for a batch of mixed requests, except where the two part at a near-tie: the
-//     verify forward runs N tokens per request where plain decoding runs 1, so the bf16 GEMMs
-//     round differently and a routing or argmax choice within that rounding may flip (as in
-//     cuda.kimi_forward_cuda: the fp32 CPU executor's top-2 logit gap at the parting step must be
-//     within 2e-2 of its largest |logit|);
+//   * greedy speculation (n-gram chain and tree, EAGLE-3 and EAGLE-1/2 chains and trees) gives
+//     the CUDA engine's plain output for a batch of mixed requests, except where the two part at
+//     a near-tie: the verify forward runs N tokens per request where plain decoding runs 1, so
+//     the bf16 GEMMs round differently and a routing or argmax choice within that rounding may flip
+//     (as in cuda.kimi_forward_cuda: the fp32 CPU executor's top-2 logit gap at the parting step
+//     must be within 2e-2 of its largest |logit|);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
-//   * the CUDA engine's sampled output is reproducible from its seeds.
+//   * the CUDA engine's sampled output is reproducible from its seeds;
+//   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
+//     1) without a draft, with an n-gram chain and with an EAGLE-3 tree is the target's exact one
+//     (chi-square at p-value 1e-4, 3000 draws each), computed from the fp32 CPU executor's logits
+//     as unit.spec_engine does, on the tiny target with every expert routed and a prompt whose
+//     top-k sets hold in bf16 (the test says why).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +29,7 @@
 #include "specdec/engine/spec_engine.hpp"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #include "specdec/model/kimi/generate.hpp"
+#include "specdec/ops/ngram_lookup/ngram_lookup.hpp"
 #include "support/engine_cases.hpp"
 #include "support/kimi_model.hpp"
 #include "support/testing.hpp"
@@ -33,11 +42,12 @@ using engine::GenerationResult;
 using engine::SpecEngine;
 using engine::SpecMetrics;
 namespace kimi = specdec::model::kimi;
-namespace eagle3 = specdec::model::eagle3;
+namespace eagle = specdec::model::eagle;
 
 constexpr double kLogitTol = 2e-2;
 
 using testing::E3;
+using testing::EG;
 using testing::greedy_request;
 using testing::NG;
 using testing::Plain;
@@ -48,7 +58,8 @@ struct Models {
   testing::TinyKimi tiny;
   kimi::KimiCpuModel cpu;  // the near-tie oracle, and the draft's shared embedding
   kimi::KimiCudaModel gpu;
-  eagle3::Eagle3CpuModel draft;
+  eagle::DraftCpuModel draft;   // EAGLE-3 over TinyLayers
+  eagle::DraftCpuModel draft1;  // EAGLE-1/2
 };
 
 Models& models() {
@@ -59,8 +70,8 @@ Models& models() {
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     s = kimi::load_kimi_cuda_model(m.tiny.weights, m.tiny.config, &m.gpu);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
-    testing::load_tiny_draft(m.tmp.path / "draft", m.tiny.config, m.cpu.embed_tokens.data(),
-                             &m.draft);
+    testing::load_tiny_draft(m.tmp.path / "draft", m.cpu, &m.draft);
+    testing::load_tiny_draft(m.tmp.path / "draft1", m.cpu, &m.draft1, DraftKind::kEagle);
     return true;
   }();
   (void)loaded;
@@ -70,7 +81,9 @@ Models& models() {
 template <class P>
 std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
                                   SpecMetrics* total = nullptr) {
-  return testing::run_engine<P, CudaExecutor>(&models().gpu, &models().draft, requests, total);
+  eagle::DraftCpuModel const* draft =
+      P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
+  return testing::run_engine<P, CudaExecutor>(&models().gpu, draft, requests, total);
 }
 
 // want and got agree, or part at a step where the fp32 CPU executor's top-2 gap is a near-tie.
@@ -136,6 +149,8 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
   check_lossless<E3<Chain<3>>>(requests, want);
   check_lossless<E3<TreeShape<4, 3, 16>>>(requests, want);
   check_lossless<E3<TreeShape<8, 3, 64>>>(requests, want);
+  check_lossless<EG<Chain<3>>>(requests, want);
+  check_lossless<EG<TreeShape<4, 3, 16>>>(requests, want);
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {
@@ -162,6 +177,146 @@ TEST_CASE("engine (cuda): a seed reproduces sampled output") {
   auto const c = run<E3<Chain<3>>>(requests);
   auto const d = run<E3<Chain<3>>>(requests);
   for (size_t r = 0; r < requests.size(); ++r) CHECK(c[r].output_ids == d[r].output_ids);
+}
+
+// The sampling test's target: the tiny checkpoint with every expert routed (num_experts_per_tok 8,
+// topk_group 2, as in cuda.kimi_forward_cuda), on the CPU (the oracle) and the GPU, and its
+// EAGLE-3 draft. Loaded on first use.
+struct AllExperts {
+  testing::TempDir tmp;
+  testing::TinyKimi tiny;
+  kimi::KimiCpuModel cpu;
+  kimi::KimiCudaModel gpu;
+  eagle::DraftCpuModel draft;  // EAGLE-3 over TinyLayers
+};
+
+AllExperts& all_experts() {
+  static AllExperts m;
+  static bool const loaded = [] {
+    testing::load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11, &m.tiny,
+                            [](nlohmann::json& j) {
+                              j["num_experts_per_tok"] = j["n_routed_experts"];
+                              j["topk_group"] = j["n_group"];
+                            });
+    Status s = kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.cpu);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    s = kimi::load_kimi_cuda_model(m.tiny.weights, m.tiny.config, &m.gpu);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    testing::load_tiny_draft(m.tmp.path / "draft", m.cpu, &m.draft);
+    testing::load_tiny_draft(m.tmp.path / "draft1", m.cpu, &m.draft1, DraftKind::kEagle);
+    return true;
+  }();
+  (void)loaded;
+  return m;
+}
+
+constexpr int kSampleTopK = 2;
+constexpr int kSamplePromptLen = 16;
+// Twice the largest |cuda - cpu| / max |cpu| logit difference cuda.kimi_forward_cuda observes
+// with every expert routed (7.3e-3): no two logits this far apart on the CPU swap on the GPU.
+constexpr double kSupportGap = 1.5e-2;
+
+// `context` and every context below it in the exact distribution (each top-k token appended,
+// `depth` levels: the contexts of the next `depth` sampled tokens) have their k-th and (k+1)-th
+// largest CPU logits at least kSupportGap x max |logit| apart.
+bool top_k_sets_hold(kimi::KimiCpuModel const& cpu, std::vector<int32_t> const& context, int k,
+                     int depth) {
+  std::vector<float> const row = testing::last_logits_cpu(cpu, context);
+  std::vector<float> sorted = row;
+  std::partial_sort(sorted.begin(), sorted.begin() + k + 1, sorted.end(), std::greater<>());
+  double scale = 0.0;
+  for (float v : row) scale = std::max(scale, std::fabs(double(v)));
+  if (double(sorted[static_cast<size_t>(k - 1)]) - sorted[static_cast<size_t>(k)] <
+      kSupportGap * scale) {
+    return false;
+  }
+  if (depth == 1) return true;
+  int64_t const V = static_cast<int64_t>(row.size());
+  for (auto const& [x, p] : testing::top_k_distribution(row.data(), V, k)) {
+    std::vector<int32_t> next = context;
+    next.push_back(x);
+    if (!top_k_sets_hold(cpu, next, k, depth - 1)) return false;
+  }
+  return true;
+}
+
+// The n-gram proposer's first draft token after `history` (ops::ngram_lookup with the engine's
+// default n-gram sizes), -1 when nothing matches.
+int32_t ngram_first_draft(std::vector<int32_t> const& history) {
+  engine::EngineOptions const o;
+  int32_t const length = static_cast<int32_t>(history.size());
+  int32_t tokens[2] = {-1, -1}, parents[2] = {-1, -1}, count = 0;
+  ops::NgramLookupParams p;
+  p.tokens = history.data();
+  p.lengths = &length;
+  p.batch = 1;
+  p.max_len = length;
+  p.min_n = o.ngram_min_n;
+  p.max_n = o.ngram_max_n;
+  p.nodes = 2;
+  p.branches = 1;
+  p.out_tokens = tokens;
+  p.out_parents = parents;
+  p.out_node_count = &count;
+  Status const s = ops::ngram_lookup(CpuExecutor{}, p);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  return count > 1 ? tokens[1] : -1;
+}
+
+TEST_CASE("engine (cuda): sampled speculation keeps the target's distribution of three tokens") {
+  // unit.spec_engine's test on the CUDA engine: the GPU engine's draws against the exact joint
+  // distribution of (x1, x2, x3) computed from the fp32 CPU executor's logits
+  // (testing::check_three_token_distribution). The GPU target is bf16: its logits differ from the
+  // CPU's by up to 7.3e-3 of max |logit| (cuda.kimi_forward_cuda, every expert routed). That
+  // moves the 8 cell probabilities by a chi-square noncentrality of 0.1-0.6 over 3000 draws (a
+  // CPU emulation of the bf16 forward on this prompt, 7-8e-3 logit difference), against a
+  // p = 1e-4 threshold of 29.9 for 7 degrees of freedom: far below what the draws can detect.
+  // Two discrete choices would not be:
+  //   * MoE routing: a router near-tie that bf16 rounding flips moves that token's logits by tens
+  //     of percent (unit.spec_engine's prompt has router score margins down to 9e-4), so every
+  //     expert is routed here, which leaves no choice to flip;
+  //   * the top-k set: a k-th / (k+1)-th logit pair closer than the rounding puts another token
+  //     in the GPU's set, outside the exact support (unit.spec_engine's top-3 prompt has pairs
+  //     0.2% of max |logit| apart), so the prompt is one whose 7 contexts all keep their top-2
+  //     set (top_k_sets_hold); prompts whose 13 top-3 sets hold are too rare on this target.
+  // The prompt: the first 16-token window of the CPU's greedy continuation of {7, 8, 9} whose
+  // n-gram draft after the likely x1 (the greedy next token) is the likely x2, so that n-gram
+  // drafts get accepted, and whose top-2 sets hold. The random EAGLE-3 draft's proposals fall
+  // outside the top-2 (none of 18000 accepted through the CPU engine), so its case checks the
+  // rejection path of a tree.
+  // Cost: per policy 12 generate calls of 250 requests (a prefill of 250 x 16 tokens, then 1-2
+  // verifies), a few ms each on the GPU; the EAGLE-3 draft runs on the host, ~4 s for its 3000
+  // prompts on a 2-core machine; the CPU oracle (200 greedy tokens, the window search, 7
+  // prefills per policy) under 1 s.
+  AllExperts& a = all_experts();
+  std::vector<GenerationRequest> const run200{greedy_request({7, 8, 9}, 200)};
+  auto const greedy =
+      testing::run_engine<Plain, CpuExecutor>(&a.cpu, nullptr, run200, nullptr)[0].output_ids;
+  auto window = [&](size_t end) {
+    return std::vector<int32_t>(greedy.begin() + static_cast<int64_t>(end - kSamplePromptLen),
+                                greedy.begin() + static_cast<int64_t>(end));
+  };
+  size_t end = kSamplePromptLen;
+  for (; end + 1 < greedy.size(); ++end) {
+    std::vector<int32_t> history = window(end);
+    history.push_back(greedy[end]);
+    if (ngram_first_draft(history) == greedy[end + 1] &&
+        top_k_sets_hold(a.cpu, window(end), kSampleTopK, 3)) {
+      break;
+    }
+  }
+  REQUIRE_MESSAGE(end + 1 < greedy.size(),
+                  "no window of the greedy continuation has an n-gram draft of the likely x2 "
+                  "and top-2 sets that hold in bf16");
+  MESSAGE("prompt: greedy tokens [", end - kSamplePromptLen, ", ", end, ")");
+  GenerationRequest base = greedy_request(window(end), 3);
+  base.temperature = 1.0f;
+  base.top_k = kSampleTopK;
+  testing::check_three_token_distribution<Plain, CudaExecutor>(a.cpu, &a.gpu, nullptr, base, 3000);
+  testing::check_three_token_distribution<NG<Chain<3>>, CudaExecutor>(a.cpu, &a.gpu, nullptr, base,
+                                                                      3000);
+  testing::check_three_token_distribution<E3<TreeShape<2, 2, 4>>, CudaExecutor>(
+      a.cpu, &a.gpu, &a.draft, base, 3000);
 }
 
 }  // namespace

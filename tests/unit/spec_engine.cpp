@@ -1,23 +1,17 @@
-// SpecEngine<Policy, CpuExecutor> (engine/spec_engine.hpp) on the tiny random
-// Kimi target, a random EAGLE-3 draft over its layers [0, 1, 2] and a random
-// EAGLE-1/2 draft:
-//   * lossless greedy: for a batch of mixed-length requests, every draft
-//   strategy and tree shape
-//     (EAGLE-3 chains of 2..8 and top-k 2..8 trees up to 64 nodes, EAGLE-1/2
-//     chains and trees up to 32 nodes, n-gram chains and trees) gives the
-//     output of plain decoding through the same engine, token for token, and
-//     that equals kimi_generate's (an independent loop of prefill + decode);
-//   * n-gram drafting on a repetitive continuation accepts more than one token
-//   per verify;
-//   * sampling: a seed reproduces its output; greedy requests batched with a
-//   sampled one keep
+// SpecEngine<Policy, CpuExecutor> (engine/spec_engine.hpp) on the tiny random Kimi target, a
+// random EAGLE-3 draft over its layers [0, 1, 2] and a random EAGLE-1/2 draft:
+//   * lossless greedy: for a batch of mixed-length requests, every draft strategy and tree shape
+//     (EAGLE-3 chains of 2..8 and top-k 2..8 trees up to 64 nodes, EAGLE-1/2 chains and trees up
+//     to 32 nodes, n-gram chains and trees) gives
+//     the output of plain decoding through the same engine, token for token, and that equals
+//     kimi_generate's (an independent loop of prefill + decode);
+//   * n-gram drafting on a repetitive continuation accepts more than one token per verify;
+//   * sampling: a seed reproduces its output; greedy requests batched with a sampled one keep
 //     their greedy output; the joint distribution of the first three sampled
-//     tokens with speculation is the target's exact one (chi-square at p-value
-//     1e-4), computed from the target's logits (top-k 3, temperature 1);
-//   * errors: a missing / superfluous draft, a draft whose layer order differs
-//   from the policy's,
-//     an EAGLE-3 draft under EAGLE and the reverse, and every bad request
-//     field, by name.
+//     tokens with speculation is the target's exact one (chi-square at p-value 1e-4), computed
+//     from the target's logits (top-k 3, temperature 1);
+//   * errors: a missing / superfluous draft, a draft whose layer order differs from the policy's,
+//     an EAGLE-3 draft under EAGLE and the reverse, and every bad request field, by name.
 #include "specdec/engine/spec_engine.hpp"
 
 #include <doctest/doctest.h>
@@ -54,27 +48,23 @@ using testing::NG;
 using testing::Plain;
 using testing::TinyLayers;
 
-// The tiny target and its draft, written and loaded once for every test of this
-// file.
+// The tiny target and its draft, written and loaded once for every test of this file.
 struct Models {
   testing::TempDir tmp;
   testing::TinyKimi tiny;
   kimi::KimiCpuModel target;
-  eagle::DraftCpuModel draft;  // EAGLE-3 over TinyLayers
-  eagle::DraftCpuModel draft1; // EAGLE-1/2
+  eagle::DraftCpuModel draft;   // EAGLE-3 over TinyLayers
+  eagle::DraftCpuModel draft1;  // EAGLE-1/2
 };
 
-Models const &models() {
+Models const& models() {
   static Models m;
   static bool const loaded = [] {
-    testing::load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11,
-                            &m.tiny);
-    Status s =
-        kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.target);
+    testing::load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11, &m.tiny);
+    Status s = kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.target);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     testing::load_tiny_draft(m.tmp.path / "draft", m.target, &m.draft);
-    testing::load_tiny_draft(m.tmp.path / "draft1", m.target, &m.draft1,
-                             DraftKind::kEagle);
+    testing::load_tiny_draft(m.tmp.path / "draft1", m.target, &m.draft1, DraftKind::kEagle);
     return true;
   }();
   (void)loaded;
@@ -82,35 +72,31 @@ Models const &models() {
 }
 
 // The draft of P's kind (null for NGRAM / NONE).
-template <class P> eagle::DraftCpuModel const *draft_for() {
-  if constexpr (P::kKind == DraftKind::kEagle3)
-    return &models().draft;
-  if constexpr (P::kKind == DraftKind::kEagle)
-    return &models().draft1;
+template <class P>
+eagle::DraftCpuModel const* draft_for() {
+  if constexpr (P::kKind == DraftKind::kEagle3) return &models().draft;
+  if constexpr (P::kKind == DraftKind::kEagle) return &models().draft1;
   return nullptr;
 }
 
-template <class P> Status make_engine(SpecEngine<P, CpuExecutor> *e) {
-  return SpecEngine<P, CpuExecutor>::create(&models().target, draft_for<P>(),
-                                            {}, e);
+template <class P>
+Status make_engine(SpecEngine<P, CpuExecutor>* e) {
+  return SpecEngine<P, CpuExecutor>::create(&models().target, draft_for<P>(), {}, e);
 }
 
 template <class P>
-std::vector<GenerationResult>
-run(std::vector<GenerationRequest> const &requests,
-    SpecMetrics *total = nullptr) {
-  return testing::run_engine<P, CpuExecutor>(&models().target, draft_for<P>(),
-                                             requests, total);
+std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
+                                  SpecMetrics* total = nullptr) {
+  return testing::run_engine<P, CpuExecutor>(&models().target, draft_for<P>(), requests, total);
 }
 
 std::vector<GenerationRequest> mixed_requests() {
-  return testing::mixed_requests(
-      static_cast<int>(models().tiny.config.vocab_size), true);
+  return testing::mixed_requests(static_cast<int>(models().tiny.config.vocab_size), true);
 }
 
 template <class P>
-void check_lossless(std::vector<GenerationRequest> const &requests,
-                    std::vector<GenerationResult> const &want) {
+void check_lossless(std::vector<GenerationRequest> const& requests,
+                    std::vector<GenerationResult> const& want) {
   CAPTURE(describe<P>());
   SpecMetrics total;
   auto const got = run<P>(requests, &total);
@@ -118,7 +104,7 @@ void check_lossless(std::vector<GenerationRequest> const &requests,
     CAPTURE(r);
     CHECK(got[r].output_ids == want[r].output_ids);
     CHECK(got[r].stopped_at_eos == want[r].stopped_at_eos);
-    SpecMetrics const &m = got[r].metrics;
+    SpecMetrics const& m = got[r].metrics;
     CHECK(m.verify_ct >= 1);
     // The outputs after the first came from verifies, each at least one.
     CHECK(m.committed == static_cast<int64_t>(got[r].output_ids.size()) - 1);
@@ -126,16 +112,15 @@ void check_lossless(std::vector<GenerationRequest> const &requests,
     CHECK(m.per_position_accept().size() ==
           static_cast<size_t>(SpecEngine<P, CpuExecutor>::kPathCapacity - 1));
     if constexpr (SpecEngine<P, CpuExecutor>::kDraftsWithModel) {
-      CHECK(m.proposed() ==
-            m.verify_ct * (P::kNodes - 1)); // a full tree every step
+      CHECK(m.proposed() == m.verify_ct * (P::kNodes - 1));  // a full tree every step
     }
   }
-  MESSAGE(describe<P>() << ": accept length " << total.accept_length()
-                        << ", accept rate " << total.accept_rate());
+  MESSAGE(describe<P>() << ": accept length " << total.accept_length() << ", accept rate "
+                        << total.accept_rate());
 }
 
 TEST_CASE("engine: plain decoding through the engine equals kimi_generate") {
-  Models const &m = models();
+  Models const& m = models();
   auto const requests = mixed_requests();
   auto const want = run<Plain>(requests);
   for (size_t r = 0; r < requests.size(); ++r) {
@@ -144,8 +129,8 @@ TEST_CASE("engine: plain decoding through the engine equals kimi_generate") {
     o.max_new_tokens = requests[r].max_new_tokens;
     o.stop_at_eos = requests[r].stop_at_eos;
     kimi::GenerateResult g;
-    Status const s = kimi::kimi_generate(CpuExecutor{}, m.target, m.tiny.config,
-                                         requests[r].prompt, o, &g);
+    Status const s =
+        kimi::kimi_generate(CpuExecutor{}, m.target, m.tiny.config, requests[r].prompt, o, &g);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     CHECK(want[r].output_ids == g.output_ids);
     CHECK(want[r].metrics.accept_length() == doctest::Approx(1.0));
@@ -171,26 +156,23 @@ TEST_CASE("engine: greedy output with every draft equals plain decoding") {
   check_lossless<NG<TreeShape<4, 2, 8>>>(requests, want);
 }
 
-TEST_CASE("engine: n-gram drafting accepts several tokens per verify on "
-          "repetitive text") {
-  // Greedy decoding of the random target drifts into repeats ("217 217 217
-  // ...", recurring runs of 5-6 tokens) within 200 tokens, which prompt lookup
-  // then drafts.
+TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetitive text") {
+  // Greedy decoding of the random target drifts into repeats ("217 217 217 ...", recurring
+  // runs of 5-6 tokens) within 200 tokens, which prompt lookup then drafts.
   GenerationRequest const r = greedy_request({7, 8, 9}, 200);
   auto const plain = run<Plain>({r});
   SpecMetrics total;
   auto const got = run<NG<Chain<4>>>({r}, &total);
   CHECK(got[0].output_ids == plain[0].output_ids);
-  MESSAGE("n-gram chain 4: accept length " << total.accept_length() << " over "
-                                           << total.verify_ct << " verifies");
+  MESSAGE("n-gram chain 4: accept length " << total.accept_length() << " over " << total.verify_ct
+                                           << " verifies");
   CHECK(total.accept_length() > 1.0);
   CHECK(total.verify_ct < plain[0].metrics.verify_ct);
 }
 
-TEST_CASE(
-    "engine: greedy requests keep their output in a batch with sampled ones") {
-  // A sampled request makes the batch verify with verify_sample, whose rule for
-  // a greedy request is greedy verification.
+TEST_CASE("engine: greedy requests keep their output in a batch with sampled ones") {
+  // A sampled request makes the batch verify with verify_sample, whose rule for a greedy request
+  // is greedy verification.
   auto const want = run<Plain>(mixed_requests());
   auto requests = mixed_requests();
   requests[1].temperature = 0.9f;
@@ -215,10 +197,8 @@ TEST_CASE("engine: a seed reproduces sampled output") {
   }
   auto const a = run<E3<TreeShape<4, 3, 16>>>(requests);
   auto const b = run<E3<TreeShape<4, 3, 16>>>(requests);
-  for (size_t r = 0; r < requests.size(); ++r)
-    CHECK(a[r].output_ids == b[r].output_ids);
-  for (auto &q : requests)
-    q.seed += 1000;
+  for (size_t r = 0; r < requests.size(); ++r) CHECK(a[r].output_ids == b[r].output_ids);
+  for (auto& q : requests) q.seed += 1000;
   auto const c = run<E3<TreeShape<4, 3, 16>>>(requests);
   bool differs = false;
   for (size_t r = 0; r < requests.size(); ++r)
@@ -226,112 +206,25 @@ TEST_CASE("engine: a seed reproduces sampled output") {
   CHECK(differs);
 }
 
-// The target's top-k / temperature-1 distribution of a logit row, in double
-// (the definition of ops/sample/params.hpp: ties at the k-th largest logit are
-// kept).
-std::map<int32_t, double> top_k_distribution(float const *row, int64_t V,
-                                             int k) {
-  std::vector<float> sorted(row, row + V);
-  std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(),
-                   std::greater<>());
-  float const threshold = sorted[static_cast<size_t>(k - 1)];
-  double max = -INFINITY, sum = 0.0;
-  for (int64_t v = 0; v < V; ++v)
-    max = std::max(max, static_cast<double>(row[v]));
-  std::map<int32_t, double> p;
-  for (int64_t v = 0; v < V; ++v) {
-    if (row[v] >= threshold)
-      sum += p[static_cast<int32_t>(v)] = std::exp(row[v] - max);
-  }
-  for (auto &[v, w] : p)
-    w /= sum;
-  return p;
-}
-
-// Last logits row of the target after `tokens` (a fresh cache).
-std::vector<float> last_logits(std::vector<int32_t> const &tokens) {
-  return testing::last_logits_cpu(models().target, tokens);
-}
-
+// The first three sampled tokens of SpecEngine<P, CpuExecutor> against the target's exact
+// distribution (testing::check_three_token_distribution).
 template <class P>
-void check_three_token_distribution(GenerationRequest const &base, int draws) {
-  CAPTURE(describe<P>());
-  int64_t const V = models().tiny.config.vocab_size;
-  // Exact joint distribution of (x1, x2, x3): x1 from the prefill, x2 and x3
-  // from verifies (a draft accepted at depth 1, then the bonus or a deeper
-  // draft, decides x3).
-  using Cell = std::vector<int32_t>;
-  std::map<Cell, double> exact;
-  for (auto const &[x1, p1] :
-       top_k_distribution(last_logits(base.prompt).data(), V, base.top_k)) {
-    std::vector<int32_t> c1 = base.prompt;
-    c1.push_back(x1);
-    for (auto const &[x2, p2] :
-         top_k_distribution(last_logits(c1).data(), V, base.top_k)) {
-      std::vector<int32_t> c2 = c1;
-      c2.push_back(x2);
-      for (auto const &[x3, p3] :
-           top_k_distribution(last_logits(c2).data(), V, base.top_k)) {
-        exact[{x1, x2, x3}] = p1 * p2 * p3;
-      }
-    }
-  }
-  SpecMetrics total;
-  std::map<Cell, int64_t> seen;
-  int constexpr kBatch = 250;
-  for (int first = 0; first < draws; first += kBatch) {
-    std::vector<GenerationRequest> requests(
-        static_cast<size_t>(std::min(kBatch, draws - first)), base);
-    for (size_t i = 0; i < requests.size(); ++i)
-      requests[i].seed = 7000 + first + i;
-    SpecMetrics part;
-    auto const out = run<P>(requests, &part);
-    total.merge(part);
-    for (auto const &r : out) {
-      REQUIRE(r.output_ids.size() == 3);
-      ++seen[r.output_ids];
-    }
-  }
-  std::vector<int64_t> counts;
-  std::vector<double> probs;
-  for (auto const &[cell, p] : exact) {
-    counts.push_back(seen.count(cell) ? seen.at(cell) : 0);
-    probs.push_back(p);
-  }
-  int64_t outside = draws;
-  for (int64_t c : counts)
-    outside -= c;
-  CHECK(outside == 0); // nothing outside the top-k support
-  auto const [stat, dof] = testing::chi2(counts, probs);
-  double const pv = testing::chi2_pvalue(stat, dof);
-  MESSAGE(describe<P>() << ": chi2 " << stat << " dof " << dof << " p-value "
-                        << pv << ", accepted drafts " << total.accepted()
-                        << " of " << total.proposed());
-  CHECK(pv >= 1e-4);
-  if constexpr (P::kKind == DraftKind::kNGram)
-    CHECK(total.accepted() > 0);
-  if constexpr (P::kKind != DraftKind::kNone)
-    CHECK(total.proposed() > 0);
+void check_three_token_distribution(GenerationRequest const& base, int draws) {
+  testing::check_three_token_distribution<P, CpuExecutor>(models().target, &models().target,
+                                                          draft_for<P>(), base, draws);
 }
 
-TEST_CASE("engine: sampled speculation keeps the target's distribution of "
-          "three tokens") {
-  // A prompt ending where greedy decoding repeats a token: the 48 tokens of the
-  // prompt and its greedy continuation up to the second of three equal tokens,
-  // so the likely next tokens already followed the last one in the text (n-gram
-  // drafts that get accepted).
-  auto const greedy =
-      run<Plain>({greedy_request({7, 8, 9}, 200)})[0].output_ids;
+TEST_CASE("engine: sampled speculation keeps the target's distribution of three tokens") {
+  // A prompt ending where greedy decoding repeats a token: the 48 tokens of the prompt and its
+  // greedy continuation up to the second of three equal tokens, so the likely next tokens already
+  // followed the last one in the text (n-gram drafts that get accepted).
+  auto const greedy = run<Plain>({greedy_request({7, 8, 9}, 200)})[0].output_ids;
   size_t i = 1;
-  while (i + 1 < greedy.size() &&
-         !(greedy[i - 1] == greedy[i] && greedy[i] == greedy[i + 1]))
-    ++i;
-  REQUIRE_MESSAGE(i + 1 < greedy.size(),
-                  "the target never repeats a token three times");
+  while (i + 1 < greedy.size() && !(greedy[i - 1] == greedy[i] && greedy[i] == greedy[i + 1])) ++i;
+  REQUIRE_MESSAGE(i + 1 < greedy.size(), "the target never repeats a token three times");
   REQUIRE(i >= 47);
   auto const end = greedy.begin() + static_cast<int64_t>(i) + 1;
-  GenerationRequest base =
-      greedy_request(std::vector<int32_t>(end - 48, end), 3);
+  GenerationRequest base = greedy_request(std::vector<int32_t>(end - 48, end), 3);
   base.temperature = 1.0f;
   base.top_k = 3;
   check_three_token_distribution<Plain>(base, 3000);
@@ -341,49 +234,37 @@ TEST_CASE("engine: sampled speculation keeps the target's distribution of "
 }
 
 TEST_CASE("engine: the draft model must match the policy") {
-  Models const &m = models();
+  Models const& m = models();
   SpecEngine<E3<Chain<3>>, CpuExecutor> e3;
-  testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(
-                           &m.target, nullptr, {}, &e3),
-                       StatusCode::kInvalidArgument,
-                       {"EAGLE3 needs a draft model"});
+  testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(&m.target, nullptr, {}, &e3),
+                       StatusCode::kInvalidArgument, {"EAGLE3 needs a draft model"});
   SpecEngine<NG<Chain<3>>, CpuExecutor> ng;
-  testing::check_error(SpecEngine<NG<Chain<3>>, CpuExecutor>::create(
-                           &m.target, &m.draft, {}, &ng),
-                       StatusCode::kInvalidArgument,
-                       {"NGRAM takes no draft model"});
+  testing::check_error(SpecEngine<NG<Chain<3>>, CpuExecutor>::create(&m.target, &m.draft, {}, &ng),
+                       StatusCode::kInvalidArgument, {"NGRAM takes no draft model"});
   using Reordered = SpecPolicy<Eagle3, Layers<2, 1, 0>, Chain<3>, Eager>;
   SpecEngine<Reordered, CpuExecutor> re;
-  testing::check_error(
-      SpecEngine<Reordered, CpuExecutor>::create(&m.target, &m.draft, {}, &re),
-      StatusCode::kInvalidArgument, {"[0,1,2]", "[2,1,0]", "different order"});
+  testing::check_error(SpecEngine<Reordered, CpuExecutor>::create(&m.target, &m.draft, {}, &re),
+                       StatusCode::kInvalidArgument, {"[0,1,2]", "[2,1,0]", "different order"});
   // An EAGLE-3 draft served as EAGLE, and the reverse.
   SpecEngine<EG<Chain<3>>, CpuExecutor> e1;
-  testing::check_error(SpecEngine<EG<Chain<3>>, CpuExecutor>::create(
-                           &m.target, nullptr, {}, &e1),
-                       StatusCode::kInvalidArgument,
-                       {"EAGLE needs a draft model"});
-  testing::check_error(SpecEngine<EG<Chain<3>>, CpuExecutor>::create(
-                           &m.target, &m.draft, {}, &e1),
+  testing::check_error(SpecEngine<EG<Chain<3>>, CpuExecutor>::create(&m.target, nullptr, {}, &e1),
+                       StatusCode::kInvalidArgument, {"EAGLE needs a draft model"});
+  testing::check_error(SpecEngine<EG<Chain<3>>, CpuExecutor>::create(&m.target, &m.draft, {}, &e1),
                        StatusCode::kInvalidArgument, {"EAGLE3"});
-  testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(
-                           &m.target, &m.draft1, {}, &e3),
+  testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(&m.target, &m.draft1, {}, &e3),
                        StatusCode::kInvalidArgument, {"EAGLE"});
 }
 
 TEST_CASE("engine: bad requests are refused by name") {
   SpecEngine<NG<Chain<3>>, CpuExecutor> e;
   REQUIRE(make_engine(&e).ok());
-  auto refuse = [&](GenerationRequest const &r,
-                    std::vector<std::string> const &parts) {
+  auto refuse = [&](GenerationRequest const& r, std::vector<std::string> const& parts) {
     std::vector<GenerationResult> out;
     std::vector<GenerationRequest> const two{GenerationRequest{{1, 2}, 4}, r};
-    testing::check_error(e.generate(two, &out, nullptr),
-                         StatusCode::kInvalidArgument, parts);
+    testing::check_error(e.generate(two, &out, nullptr), StatusCode::kInvalidArgument, parts);
   };
   refuse(GenerationRequest{{}, 4}, {"request 1", "prompt", "empty"});
-  refuse(GenerationRequest{{1, 512}, 4},
-         {"request 1", "input id 512", "vocabulary"});
+  refuse(GenerationRequest{{1, 512}, 4}, {"request 1", "input id 512", "vocabulary"});
   refuse(GenerationRequest{{1, 2}, 0}, {"request 1", "max_new_tokens 0"});
   GenerationRequest hot{{1, 2}, 4};
   hot.temperature = -1.0f;
@@ -392,15 +273,13 @@ TEST_CASE("engine: bad requests are refused by name") {
   nucleus.top_p = 0.0f;
   refuse(nucleus, {"request 1", "top_p 0", "(0, 1]"});
   GenerationRequest longer{std::vector<int32_t>(200, 1), 54};
-  refuse(longer,
-         {"request 1", "speculative positions", "max_position_embeddings 256"});
+  refuse(longer, {"request 1", "speculative positions", "max_position_embeddings 256"});
   std::vector<GenerationResult> out;
-  testing::check_error(e.generate({}, &out, nullptr),
-                       StatusCode::kInvalidArgument, {"no requests"});
+  testing::check_error(e.generate({}, &out, nullptr), StatusCode::kInvalidArgument,
+                       {"no requests"});
 }
 
-TEST_CASE("engine: the self-check warns when nothing is accepted, naming the "
-          "causes") {
+TEST_CASE("engine: the self-check warns when nothing is accepted, naming the causes") {
   SpecMetrics none;
   none.record_verify({1, 2, 3}, 0, 1);
   std::string const w = engine::self_check_warning(DraftKind::kEagle3, none);
@@ -412,13 +291,11 @@ TEST_CASE("engine: the self-check warns when nothing is accepted, naming the "
   some.record_verify({1, 2, 3}, 2, 3);
   CHECK(engine::self_check_warning(DraftKind::kEagle3, some).empty());
   CHECK(engine::self_check_warning(DraftKind::kNone, none).empty());
-  // On the built-in prompt through a real engine: a random draft for a random
-  // target.
+  // On the built-in prompt through a real engine: a random draft for a random target.
   SpecEngine<E3<Chain<3>>, CpuExecutor> e;
   REQUIRE(make_engine(&e).ok());
   engine::SelfCheckReport report;
-  Status const s =
-      engine::self_check(e, models().tiny.config.vocab_size, &report);
+  Status const s = engine::self_check(e, models().tiny.config.vocab_size, &report);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   CHECK(report.metrics.verify_ct >= 1);
   CHECK(report.warning.empty() == (report.metrics.accept_length() > 1.0));
@@ -426,9 +303,9 @@ TEST_CASE("engine: the self-check warns when nothing is accepted, naming the "
 
 TEST_CASE("metrics: accept length, rate and per-position acceptance") {
   SpecMetrics m;
-  m.record_verify({1, 2, 3}, 3, 4); // a chain of 3, all accepted: 4 tokens
-  m.record_verify({1, 2, 3}, 1, 2); // 2 tokens
-  m.record_verify({1, 1, 2}, 0, 1); // a tree, nothing accepted: 1 token
+  m.record_verify({1, 2, 3}, 3, 4);  // a chain of 3, all accepted: 4 tokens
+  m.record_verify({1, 2, 3}, 1, 2);  // 2 tokens
+  m.record_verify({1, 1, 2}, 0, 1);  // a tree, nothing accepted: 1 token
   CHECK(m.verify_ct == 3);
   CHECK(m.committed == 7);
   CHECK(m.accept_length() == doctest::Approx(7.0 / 3.0));
@@ -447,4 +324,4 @@ TEST_CASE("metrics: accept length, rate and per-position acceptance") {
   CHECK(sum.accept_length() == doctest::Approx(7.0 / 3.0));
 }
 
-} // namespace
+}  // namespace

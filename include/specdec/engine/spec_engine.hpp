@@ -1,69 +1,52 @@
-// SpecEngine<Policy, Executor>: speculative generation for a batch of requests,
-// the policy's draft strategy (EAGLE3, EAGLE, NGRAM, NONE) proposing for the
-// Kimi-K2.5 / DeepseekV3 target.
+// SpecEngine<Policy, Executor>: speculative generation for a batch of requests, the policy's draft
+// strategy (EAGLE3, EAGLE, NGRAM, NONE) proposing for the Kimi-K2.5 / DeepseekV3 target.
 //
 //   SpecEngine<P, CpuExecutor> engine;
-//   SpecEngine<P, CpuExecutor>::create(&target, &draft (EAGLE3 / EAGLE) or
-//   nullptr, options,
+//   SpecEngine<P, CpuExecutor>::create(&target, &draft (EAGLE3 / EAGLE) or nullptr, options,
 //                                      &engine);
 //   engine.generate(requests [R], &results [R], &total);
 //
-// Requests may differ in prompt length, max_new_tokens and sampling settings;
-// they run as one batch until each stops (an eos id of the target's config when
-// stop_at_eos, or max_new_tokens). One run, DESIGN.md "One speculative step":
-//   prefill  target prefill of every prompt (the draft's feature streams
-//   captured: EAGLE3 the
-//            layer set P::Layers, EAGLE the last layer's output), the first
-//            token drawn (ops::sample, step 0), then the draft consumes the
-//            prompt: draft entry i pairs token i + 1 with the target's features
-//            of token i
-//   per step, for the requests still running (B of them, N = P::kNodes slots
-//   each):
-//     propose  EAGLE3 / EAGLE: the draft's logits of the last extend give step
-//     0; each later step runs
-//              the draft on the topk frontier branches (each branch attends to
-//              its own ancestors' draft KV), ops::draft_expand keeps the best
-//              topk by cumulative log-probability, ops::draft_finalize picks
-//              the best N-1 as the tree. NGRAM: ops::ngram_lookup over prompt +
-//              output (a chain for topk 1, else up to topk merged
-//              continuations); fewer than N nodes when little matches. NONE:
-//              the root alone (plain decoding through the same loop).
-//     build    ops::tree_build: masks, depths, positions, links (path capacity
-//     kPathCapacity) verify   the target's tree verify forward over the N slots
-//     (slots past an n-gram tree's
-//              node count hold the root token as a child of the root; nothing
-//              reads them)
-//     accept   ops::verify_greedy when every request is greedy, else
-//     ops::verify_sample
-//              (lossless for deterministic drafts; Philox keys (seed, request
-//              index, step = the request's output count before the step, node))
-//     commit   ops::kv_commit moves the accepted nodes' target KV to contiguous
-//     slots; the
+// Requests may differ in prompt length, max_new_tokens and sampling settings; they run as one
+// batch until each stops (an eos id of the target's config when stop_at_eos, or max_new_tokens).
+// One run, DESIGN.md "One speculative step":
+//   prefill  target prefill of every prompt (the draft's feature streams captured: EAGLE3 the
+//            layer set P::Layers, EAGLE the last layer's output), the first token drawn
+//            (ops::sample, step 0), then the draft consumes the prompt: draft entry i pairs
+//            token i + 1 with the target's features of token i
+//   per step, for the requests still running (B of them, N = P::kNodes slots each):
+//     propose  EAGLE3 / EAGLE: the draft's logits of the last extend give step 0; each later
+//              step runs the draft on the topk frontier branches (each branch attends to its own
+//              ancestors' draft KV), ops::draft_expand keeps the best topk by cumulative
+//              log-probability, ops::draft_finalize picks the best N-1 as the tree.
+//              NGRAM: ops::ngram_lookup over prompt + output (a chain for topk 1, else up to
+//              topk merged continuations); fewer than N nodes when little matches.
+//              NONE: the root alone (plain decoding through the same loop).
+//     build    ops::tree_build: masks, depths, positions, links (path capacity kPathCapacity)
+//     verify   the target's tree verify forward over the N slots (slots past an n-gram tree's
+//              node count hold the root token as a child of the root; nothing reads them)
+//     accept   ops::verify_greedy when every request is greedy, else ops::verify_sample
+//              (lossless for deterministic drafts; Philox keys (seed, request index, step = the
+//              request's output count before the step, node))
+//     commit   ops::kv_commit moves the accepted nodes' target KV to contiguous slots; the
 //              accepted tokens and the bonus / correction token join the output
-//     extend   EAGLE3 / EAGLE: the draft consumes the committed tokens with
-//     their features
-// Greedy output equals plain greedy decoding whatever the draft: only the
-// target's logits decide. Token for token on the CPU executor; on the CUDA
-// executor up to near-ties, since a verify of N rows rounds its bf16 GEMMs (and
-// so may route or argmax a near-tie) unlike a forward of 1 row.
+//     extend   EAGLE3 / EAGLE: the draft consumes the committed tokens with their features
+// Greedy output equals plain greedy decoding whatever the draft: only the target's logits decide.
+// Token for token on the CPU executor; on the CUDA executor up to near-ties, since a verify of N
+// rows rounds its bf16 GEMMs (and so may route or argmax a near-tie) unlike a forward of 1 row.
 //
-// Errors (Status, nothing adjusted): a missing or superfluous draft model, a
-// draft that does not fit the policy (algorithm, layer set and order, feature
-// width, vocabulary), a request with an empty prompt, an id outside the
-// vocabulary, max_new_tokens < 1, prompt + max_new_tokens + kPathCapacity - 1
-// past max_position_embeddings (the target's, and the draft's), a temperature
-// that is negative or not finite, top_p outside (0, 1].
+// Errors (Status, nothing adjusted): a missing or superfluous draft model, a draft that does not
+// fit the policy (algorithm, layer set and order, feature width, vocabulary), a request with an
+// empty prompt, an id outside the vocabulary, max_new_tokens < 1, prompt + max_new_tokens +
+// kPathCapacity - 1 past max_position_embeddings (the target's, and the draft's), a
+// temperature that is negative or not finite, top_p outside (0, 1].
 //
-// Executors (one engine, a target per executor; engine/target_cpu.hpp,
-// engine/target_cuda.cuh):
-//   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU
-//   references SpecEngine<P, CudaExecutor>  (CUDA translation units) the CUDA
-//   Kimi forward, verify and
-//                                kv_commit kernels on the device logits and
-//                                cache; proposals, tree_build and the EAGLE
-//                                draft run on the host (the draft's CUDA
-//                                forward does not exist yet), and the host
-//                                reads each step's acceptance back
+// Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
+//   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU references
+//   SpecEngine<P, CudaExecutor>  (CUDA translation units) the CUDA Kimi forward, verify and
+//                                kv_commit kernels on the device logits and cache; proposals,
+//                                tree_build and the EAGLE draft run on the host (the draft's
+//                                CUDA forward does not exist yet), and the host reads each step's
+//                                acceptance back
 #pragma once
 
 #include <algorithm>
@@ -99,11 +82,11 @@
 namespace specdec::engine {
 
 struct GenerationRequest {
-  std::vector<int32_t> prompt; // >= 1 target token ids
+  std::vector<int32_t> prompt;  // >= 1 target token ids
   int max_new_tokens = 16;
-  float temperature = 0.0f; // 0: greedy
-  int32_t top_k = 0;        // <= 0: no top-k
-  float top_p = 1.0f;       // (0, 1]; 1: no top-p
+  float temperature = 0.0f;  // 0: greedy
+  int32_t top_k = 0;         // <= 0: no top-k
+  float top_p = 1.0f;        // (0, 1]; 1: no top-p
   uint64_t seed = 0;
   bool stop_at_eos = true;
 };
@@ -111,20 +94,18 @@ struct GenerationRequest {
 struct GenerationResult {
   std::vector<int32_t> output_ids;
   bool stopped_at_eos = false;
-  SpecMetrics metrics; // this request's counters; times of the batch phases it
-                       // took part in
+  SpecMetrics metrics;  // this request's counters; times of the batch phases it took part in
 };
 
 struct EngineOptions {
-  int page_size = 16;  // target MLA cache page, in tokens
-  int ngram_min_n = 1; // NGRAM: shortest suffix matched
-  int ngram_max_n = 4; // NGRAM: longest suffix matched
+  int page_size = 16;   // target MLA cache page, in tokens
+  int ngram_min_n = 1;  // NGRAM: shortest suffix matched
+  int ngram_max_n = 4;  // NGRAM: longest suffix matched
 };
 
 namespace detail {
 
-inline Status check_request(io::DeepseekV3Config const &c,
-                            GenerationRequest const &r, int index,
+inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest const& r, int index,
                             int path_capacity, int page_size) {
   model::kimi::GenerateOptions o;
   o.max_new_tokens = r.max_new_tokens;
@@ -133,32 +114,26 @@ inline Status check_request(io::DeepseekV3Config const &c,
   model::kimi::GenerateResult unused;
   std::string const who = "request " + std::to_string(index);
   SPECDEC_RETURN_IF_ERROR(
-      model::kimi::detail::check_generate(c, r.prompt, o, &unused)
-          .prefixed(who + ": "));
+      model::kimi::detail::check_generate(c, r.prompt, o, &unused).prefixed(who + ": "));
   if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) {
     return Status::InvalidArgument(who + ": top_p " + std::to_string(r.top_p) +
                                    " outside (0, 1] (1 means no top-p)");
   }
-  int64_t const need = static_cast<int64_t>(r.prompt.size()) +
-                       r.max_new_tokens + path_capacity - 1;
+  int64_t const need = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + path_capacity - 1;
   if (need > c.max_position_embeddings) {
     return Status::InvalidArgument(
         who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
-        std::to_string(r.max_new_tokens) + " new tokens + " +
-        std::to_string(path_capacity - 1) +
-        " speculative positions past the last token exceed "
-        "max_position_embeddings " +
+        std::to_string(r.max_new_tokens) + " new tokens + " + std::to_string(path_capacity - 1) +
+        " speculative positions past the last token exceed max_position_embeddings " +
         std::to_string(c.max_position_embeddings));
   }
   return Status::Ok();
 }
 
-// The sampling arrays of the requests `batch` (indices into requests), step =
-// each one's output count so far, request id = its index.
-inline void fill_sampling(std::span<GenerationRequest const> requests,
-                          std::span<int const> batch,
-                          std::vector<GenerationResult> const &results,
-                          BatchSampling *s) {
+// The sampling arrays of the requests `batch` (indices into requests), step = each one's output
+// count so far, request id = its index.
+inline void fill_sampling(std::span<GenerationRequest const> requests, std::span<int const> batch,
+                          std::vector<GenerationResult> const& results, BatchSampling* s) {
   s->resize(batch.size());
   s->all_greedy = true;
   for (size_t b = 0; b < batch.size(); ++b) {
@@ -174,13 +149,19 @@ inline void fill_sampling(std::span<GenerationRequest const> requests,
 }
 
 // The target of each executor (engine/target_cpu.hpp, engine/target_cuda.cuh).
-template <class Exec> struct TargetFor {
-  static_assert(kDependentFalse<Exec>,
-                "SpecEngine: no target for this executor");
+template <class Exec>
+struct TargetFor {
+  static_assert(kDependentFalse<Exec>, "SpecEngine: no target for this executor");
 };
-template <> struct TargetFor<CpuExecutor> { using type = CpuTarget; };
+template <>
+struct TargetFor<CpuExecutor> {
+  using type = CpuTarget;
+};
 #if defined(__CUDACC__)
-template <> struct TargetFor<CudaExecutor> { using type = CudaTarget; };
+template <>
+struct TargetFor<CudaExecutor> {
+  using type = CudaTarget;
+};
 #endif
 
 using Clock = std::chrono::steady_clock;
@@ -188,10 +169,11 @@ inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-} // namespace detail
+}  // namespace detail
 
-template <SpecPolicyBundle P, class Exec> class SpecEngine {
-public:
+template <SpecPolicyBundle P, class Exec>
+class SpecEngine {
+ public:
   using Policy = P;
   using Target = typename detail::TargetFor<Exec>::type;
   using TargetModel = typename Target::Model;
@@ -204,27 +186,21 @@ public:
   static constexpr int kTopK = P::kTopK;
   static constexpr int kSteps = P::kSteps;
   // Deepest accepted path + 1: an n-gram tree may be a chain of all N nodes.
-  static constexpr int kPathCapacity =
-      kKind == DraftKind::kNGram ? kNodes : kSteps + 1;
+  static constexpr int kPathCapacity = kKind == DraftKind::kNGram ? kNodes : kSteps + 1;
 
-  static Status create(TargetModel *target, DraftModel const *draft,
-                       EngineOptions const &options, SpecEngine *out,
-                       Exec exec = Exec{}) {
+  static Status create(TargetModel* target, DraftModel const* draft, EngineOptions const& options,
+                       SpecEngine* out, Exec exec = Exec{}) {
     std::string const fn = "SpecEngine<" + describe<P>() + ">::create: ";
     auto bad = [&](std::string m) { return Status::InvalidArgument(fn + m); };
-    if (out == nullptr)
-      return bad("out is null");
-    if (target == nullptr)
-      return bad("the target model is null");
+    if (out == nullptr) return bad("out is null");
+    if (target == nullptr) return bad("the target model is null");
     if (options.page_size < 1)
       return bad("page_size " + std::to_string(options.page_size) + " < 1");
     if constexpr (kDraftsWithModel) {
       if (draft == nullptr) {
-        return bad(std::string(P::kName) +
-                   " needs a draft model (--speculative-draft-model-path)");
+        return bad(std::string(P::kName) + " needs a draft model (--speculative-draft-model-path)");
       }
-      SPECDEC_RETURN_IF_ERROR(
-          check_draft_fits<P>(draft->kind(), draft->layers()).prefixed(fn));
+      SPECDEC_RETURN_IF_ERROR(check_draft_fits<P>(draft->kind(), draft->layers()).prefixed(fn));
       int const L = target->config.num_hidden_layers;
       for (int id : draft->feature_layers) {
         if (id < kEmbedding || id >= L) {
@@ -232,34 +208,28 @@ public:
                      ", outside the target's [-1, " + std::to_string(L) + ")");
         }
       }
-      int64_t const width = static_cast<int64_t>(draft->feature_layers.size()) *
-                            target->config.hidden_size;
+      int64_t const width =
+          static_cast<int64_t>(draft->feature_layers.size()) * target->config.hidden_size;
       if (draft->feature_width() != width) {
         return bad("the draft reads " + std::to_string(draft->feature_width()) +
-                   " features, the target gives |streams " +
-                   format_layers(draft->feature_layers) + "| x hidden " +
-                   std::to_string(target->config.hidden_size) + " = " +
+                   " features, the target gives |streams " + format_layers(draft->feature_layers) +
+                   "| x hidden " + std::to_string(target->config.hidden_size) + " = " +
                    std::to_string(width));
       }
       if (draft->draft_vocab() < kTopK) {
-        return bad("the draft's vocabulary of " +
-                   std::to_string(draft->draft_vocab()) +
-                   " ids is smaller than the tree's topk " +
-                   std::to_string(kTopK));
+        return bad("the draft's vocabulary of " + std::to_string(draft->draft_vocab()) +
+                   " ids is smaller than the tree's topk " + std::to_string(kTopK));
       }
       if (draft->vocab() != target->config.vocab_size) {
-        return bad("the draft maps to a vocabulary of " +
-                   std::to_string(draft->vocab()) + " ids, the target has " +
-                   std::to_string(target->config.vocab_size));
+        return bad("the draft maps to a vocabulary of " + std::to_string(draft->vocab()) +
+                   " ids, the target has " + std::to_string(target->config.vocab_size));
       }
     } else if (draft != nullptr) {
-      return bad(std::string(P::kName) +
-                 " takes no draft model, but one was given");
+      return bad(std::string(P::kName) + " takes no draft model, but one was given");
     }
     if (options.ngram_min_n < 1 || options.ngram_max_n < options.ngram_min_n) {
-      return bad("n-gram sizes min " + std::to_string(options.ngram_min_n) +
-                 " max " + std::to_string(options.ngram_max_n) +
-                 ": need 1 <= min <= max");
+      return bad("n-gram sizes min " + std::to_string(options.ngram_min_n) + " max " +
+                 std::to_string(options.ngram_max_n) + ": need 1 <= min <= max");
     }
     out->target_ = target;
     out->draft_ = draft;
@@ -269,20 +239,15 @@ public:
   }
 
   Status generate(std::span<GenerationRequest const> requests,
-                  std::vector<GenerationResult> *results,
-                  SpecMetrics *total) const {
-    if (target_ == nullptr)
-      return Status::InvalidArgument("SpecEngine::generate: not created");
-    if (results == nullptr)
-      return Status::InvalidArgument("SpecEngine::generate: results is null");
-    if (requests.empty())
-      return Status::InvalidArgument("SpecEngine::generate: no requests");
+                  std::vector<GenerationResult>* results, SpecMetrics* total) const {
+    if (target_ == nullptr) return Status::InvalidArgument("SpecEngine::generate: not created");
+    if (results == nullptr) return Status::InvalidArgument("SpecEngine::generate: results is null");
+    if (requests.empty()) return Status::InvalidArgument("SpecEngine::generate: no requests");
     for (size_t r = 0; r < requests.size(); ++r) {
-      SPECDEC_RETURN_IF_ERROR(
-          detail::check_request(target_->config, requests[r],
-                                static_cast<int>(r), kPathCapacity,
-                                options_.page_size)
-              .prefixed("SpecEngine::generate: "));
+      SPECDEC_RETURN_IF_ERROR(detail::check_request(target_->config, requests[r],
+                                                    static_cast<int>(r), kPathCapacity,
+                                                    options_.page_size)
+                                  .prefixed("SpecEngine::generate: "));
       if constexpr (kDraftsWithModel) {
         int64_t const last = static_cast<int64_t>(requests[r].prompt.size()) +
                              requests[r].max_new_tokens + kPathCapacity - 1;
@@ -293,63 +258,61 @@ public:
               std::to_string(requests[r].prompt.size()) + " prompt tokens + " +
               std::to_string(requests[r].max_new_tokens) + " new tokens + " +
               std::to_string(kPathCapacity - 1) +
-              " speculative positions exceed the draft's "
-              "max_position_embeddings " +
+              " speculative positions exceed the draft's max_position_embeddings " +
               std::to_string(limit));
         }
       }
     }
     Run run(*this, requests);
     SPECDEC_RETURN_IF_ERROR(run.start());
-    while (!run.active.empty())
-      SPECDEC_RETURN_IF_ERROR(run.step());
-    if (total != nullptr)
-      *total = run.total();
+    while (!run.active.empty()) SPECDEC_RETURN_IF_ERROR(run.step());
+    if (total != nullptr) *total = run.total();
     *results = std::move(run.results);
     return Status::Ok();
   }
 
-private:
+ private:
   // The state of one generate call.
   struct Run {
-    SpecEngine const &e;
-    io::DeepseekV3Config const &cfg;
+    SpecEngine const& e;
+    io::DeepseekV3Config const& cfg;
     std::span<GenerationRequest const> requests;
     int64_t V;
     std::vector<GenerationResult> results;
-    std::vector<std::vector<int32_t>> history; // prompt + output per request
-    std::vector<int> active; // running request indices, increasing
-    Target target;           // target KV; RequestId = request index
-    model::eagle::DraftCache draft_cache; // EAGLE3 / EAGLE
-    std::vector<std::vector<float>> draft_logits,
-        draft_hidden;       // the last extend's row
-    SpecMetrics batch_time; // phase times, once per batch phase
+    std::vector<std::vector<int32_t>> history;  // prompt + output per request
+    std::vector<int> active;                    // running request indices, increasing
+    Target target;                              // target KV; RequestId = request index
+    model::eagle::DraftCache draft_cache;       // EAGLE3 / EAGLE
+    std::vector<std::vector<float>> draft_logits, draft_hidden;  // the last extend's row
+    SpecMetrics batch_time;  // phase times, once per batch phase
 
-    Run(SpecEngine const &engine, std::span<GenerationRequest const> reqs)
-        : e(engine), cfg(engine.target_->config), requests(reqs),
-          V(cfg.vocab_size), results(reqs.size()), history(reqs.size()),
-          target(engine.target_, engine.exec_), draft_logits(reqs.size()),
+    Run(SpecEngine const& engine, std::span<GenerationRequest const> reqs)
+        : e(engine),
+          cfg(engine.target_->config),
+          requests(reqs),
+          V(cfg.vocab_size),
+          results(reqs.size()),
+          history(reqs.size()),
+          target(engine.target_, engine.exec_),
+          draft_logits(reqs.size()),
           draft_hidden(reqs.size()) {
-      for (GenerationResult &r : results)
-        r.metrics.reserve_depth(kPathCapacity - 1);
+      for (GenerationResult& r : results) r.metrics.reserve_depth(kPathCapacity - 1);
       batch_time.reserve_depth(kPathCapacity - 1);
     }
 
     // The target streams the draft reads (none without a draft model).
     std::span<int const> aux_layers() const {
-      if constexpr (kDraftsWithModel)
-        return e.draft_->feature_layers;
+      if constexpr (kDraftsWithModel) return e.draft_->feature_layers;
       return {};
     }
 
-    std::vector<model::kimi::RequestId>
-    ids_of(std::span<int const> batch) const {
+    std::vector<model::kimi::RequestId> ids_of(std::span<int const> batch) const {
       return std::vector<model::kimi::RequestId>(batch.begin(), batch.end());
     }
 
     // Adds `token` to request r's output; true when the request is done.
     bool push(int r, int32_t token) {
-      GenerationResult &out = results[static_cast<size_t>(r)];
+      GenerationResult& out = results[static_cast<size_t>(r)];
       out.output_ids.push_back(token);
       history[static_cast<size_t>(r)].push_back(token);
       if (requests[static_cast<size_t>(r)].stop_at_eos) {
@@ -364,11 +327,9 @@ private:
              requests[static_cast<size_t>(r)].max_new_tokens;
     }
 
-    void add_time(double SpecMetrics::*phase, double seconds,
-                  std::span<int const> batch) {
+    void add_time(double SpecMetrics::*phase, double seconds, std::span<int const> batch) {
       batch_time.*phase += seconds;
-      for (int r : batch)
-        results[static_cast<size_t>(r)].metrics.*phase += seconds;
+      for (int r : batch) results[static_cast<size_t>(r)].metrics.*phase += seconds;
     }
 
     Status start() {
@@ -378,28 +339,28 @@ private:
       int max_pages = 1;
       std::vector<int> pages(static_cast<size_t>(R));
       for (int r = 0; r < R; ++r) {
-        GenerationRequest const &q = requests[static_cast<size_t>(r)];
-        pages[static_cast<size_t>(r)] = static_cast<int>(ceil_div<int64_t>(
-            static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens + kNodes,
-            e.options_.page_size));
+        GenerationRequest const& q = requests[static_cast<size_t>(r)];
+        pages[static_cast<size_t>(r)] = static_cast<int>(
+            ceil_div<int64_t>(static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens + kNodes,
+                              e.options_.page_size));
         total_pages += pages[static_cast<size_t>(r)];
         max_pages = std::max(max_pages, pages[static_cast<size_t>(r)]);
       }
-      SPECDEC_RETURN_IF_ERROR(target.create_cache(
-          e.options_.page_size, static_cast<int>(total_pages), max_pages));
-      model::kimi::MlaCache &cache = target.table();
+      SPECDEC_RETURN_IF_ERROR(
+          target.create_cache(e.options_.page_size, static_cast<int>(total_pages), max_pages));
+      model::kimi::MlaCache& cache = target.table();
       std::vector<int> all(static_cast<size_t>(R));
       std::iota(all.begin(), all.end(), 0);
       std::vector<int32_t> counts, tokens;
       if constexpr (kDraftsWithModel) {
-        SPECDEC_RETURN_IF_ERROR(model::eagle::DraftCache::create_for(
-            e.draft_->config, &draft_cache));
+        SPECDEC_RETURN_IF_ERROR(
+            model::eagle::DraftCache::create_for(e.draft_->config, &draft_cache));
       }
       for (int r = 0; r < R; ++r) {
         SPECDEC_RETURN_IF_ERROR(cache.add_request(r));
-        SPECDEC_RETURN_IF_ERROR(cache.reserve(
-            r, int64_t{pages[static_cast<size_t>(r)]} * e.options_.page_size));
-        auto const &prompt = requests[static_cast<size_t>(r)].prompt;
+        SPECDEC_RETURN_IF_ERROR(
+            cache.reserve(r, int64_t{pages[static_cast<size_t>(r)]} * e.options_.page_size));
+        auto const& prompt = requests[static_cast<size_t>(r)].prompt;
         counts.push_back(static_cast<int32_t>(prompt.size()));
         tokens.insert(tokens.end(), prompt.begin(), prompt.end());
         history[static_cast<size_t>(r)] = prompt;
@@ -408,11 +369,9 @@ private:
         }
       }
       auto const ids = ids_of(all);
-      SPECDEC_RETURN_IF_ERROR(
-          target.prefill(ids, counts, tokens, aux_layers()));
+      SPECDEC_RETURN_IF_ERROR(target.prefill(ids, counts, tokens, aux_layers()));
       // The first token of every request from its prompt's last row.
-      std::vector<int64_t> first_row(static_cast<size_t>(R)),
-          last_row(static_cast<size_t>(R));
+      std::vector<int64_t> first_row(static_cast<size_t>(R)), last_row(static_cast<size_t>(R));
       int64_t row = 0;
       for (int r = 0; r < R; ++r) {
         first_row[static_cast<size_t>(r)] = row;
@@ -424,21 +383,19 @@ private:
       std::vector<int32_t> drawn;
       SPECDEC_RETURN_IF_ERROR(target.sample_rows(last_row, s, &drawn));
       for (int r = 0; r < R; ++r) {
-        if (!push(r, drawn[static_cast<size_t>(r)]))
-          active.push_back(r);
+        if (!push(r, drawn[static_cast<size_t>(r)])) active.push_back(r);
       }
       if constexpr (kDraftsWithModel) {
-        // Draft entry i of a prompt: token i + 1 (the drawn token after the
-        // last) with the target's features of token i.
+        // Draft entry i of a prompt: token i + 1 (the drawn token after the last) with the
+        // target's features of token i.
         std::vector<int32_t> d_counts, d_tokens;
         std::vector<int64_t> rows;
         for (int r : active) {
-          auto const &h = history[static_cast<size_t>(r)];
+          auto const& h = history[static_cast<size_t>(r)];
           int64_t const T = counts[static_cast<size_t>(r)];
           d_counts.push_back(static_cast<int32_t>(T));
           d_tokens.insert(d_tokens.end(), h.begin() + 1, h.begin() + T + 1);
-          for (int64_t i = 0; i < T; ++i)
-            rows.push_back(first_row[static_cast<size_t>(r)] + i);
+          for (int64_t i = 0; i < T; ++i) rows.push_back(first_row[static_cast<size_t>(r)] + i);
         }
         std::vector<float> d_features;
         SPECDEC_RETURN_IF_ERROR(target.aux_rows(rows, &d_features));
@@ -448,37 +405,29 @@ private:
       return Status::Ok();
     }
 
-    // The draft consumes tokens [sum counts] with features [sum counts, F] for
-    // batch; keeps each request's last hidden / logits row for the next
-    // proposal.
-    Status extend(std::span<int const> batch,
-                  std::vector<int32_t> const &counts,
-                  std::vector<int32_t> const &tokens,
-                  std::vector<float> const &features) {
-      if (batch.empty())
-        return Status::Ok();
+    // The draft consumes tokens [sum counts] with features [sum counts, F] for batch;
+    // keeps each request's last hidden / logits row for the next proposal.
+    Status extend(std::span<int const> batch, std::vector<int32_t> const& counts,
+                  std::vector<int32_t> const& tokens, std::vector<float> const& features) {
+      if (batch.empty()) return Status::Ok();
       auto const ids = ids_of(batch);
       std::vector<float> hidden, logits;
       SPECDEC_RETURN_IF_ERROR(model::eagle::draft_extend(
-          CpuExecutor{}, *e.draft_, &draft_cache, ids, counts, tokens, features,
-          &hidden, &logits));
+          CpuExecutor{}, *e.draft_, &draft_cache, ids, counts, tokens, features, &hidden, &logits));
       int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
       for (size_t b = 0; b < batch.size(); ++b) {
         size_t const r = static_cast<size_t>(batch[b]);
         draft_hidden[r].assign(hidden.begin() + static_cast<int64_t>(b) * H,
-                               hidden.begin() +
-                                   static_cast<int64_t>(b + 1) * H);
+                               hidden.begin() + static_cast<int64_t>(b + 1) * H);
         draft_logits[r].assign(logits.begin() + static_cast<int64_t>(b) * Vd,
-                               logits.begin() +
-                                   static_cast<int64_t>(b + 1) * Vd);
+                               logits.begin() + static_cast<int64_t>(b + 1) * Vd);
       }
       return Status::Ok();
     }
 
     // Propose for the batch: tokens / parents [B, N], node_count [B].
-    Status propose(std::span<int const> batch, std::vector<int32_t> *tokens,
-                   std::vector<int32_t> *parents,
-                   std::vector<int32_t> *node_count) {
+    Status propose(std::span<int const> batch, std::vector<int32_t>* tokens,
+                   std::vector<int32_t>* parents, std::vector<int32_t>* node_count) {
       int const B = static_cast<int>(batch.size());
       size_t const BN = static_cast<size_t>(B) * kNodes;
       tokens->assign(BN, -1);
@@ -492,14 +441,11 @@ private:
         return Status::Ok();
       } else if constexpr (kKind == DraftKind::kNGram) {
         size_t max_len = 0;
-        for (int r : batch)
-          max_len = std::max(max_len, history[static_cast<size_t>(r)].size());
-        std::vector<int32_t> text(static_cast<size_t>(B) * max_len, 0),
-            lengths(B);
+        for (int r : batch) max_len = std::max(max_len, history[static_cast<size_t>(r)].size());
+        std::vector<int32_t> text(static_cast<size_t>(B) * max_len, 0), lengths(B);
         for (int b = 0; b < B; ++b) {
-          auto const &h = history[static_cast<size_t>(batch[b])];
-          std::copy(h.begin(), h.end(),
-                    text.begin() + static_cast<int64_t>(b) * max_len);
+          auto const& h = history[static_cast<size_t>(batch[b])];
+          std::copy(h.begin(), h.end(), text.begin() + static_cast<int64_t>(b) * max_len);
           lengths[static_cast<size_t>(b)] = static_cast<int32_t>(h.size());
         }
         ops::NgramLookupParams p;
@@ -518,39 +464,30 @@ private:
       } else if constexpr (kDraftsWithModel) {
         return propose_with_draft(batch, tokens, parents);
       } else {
-        return Status::Unsupported("SpecEngine: no proposer for " +
-                                   std::string(P::kName));
+        return Status::Unsupported("SpecEngine: no proposer for " + std::string(P::kName));
       }
     }
 
-    Status propose_with_draft(std::span<int const> batch,
-                              std::vector<int32_t> *tokens,
-                              std::vector<int32_t> *parents) {
+    Status propose_with_draft(std::span<int const> batch, std::vector<int32_t>* tokens,
+                              std::vector<int32_t>* parents) {
       int const B = static_cast<int>(batch.size()), K = kTopK, S = kSteps;
       int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
       int const C = ops::draft_candidate_count(K, S);
       auto const ids = ids_of(batch);
       std::vector<int32_t> cand_tokens(static_cast<size_t>(B) * C),
-          cand_parent(static_cast<size_t>(B) * C),
-          next_slots(static_cast<size_t>(B) * K),
-          next_tokens(static_cast<size_t>(B) * K),
-          next_draft(static_cast<size_t>(B) * K),
-          next_branch(static_cast<size_t>(B) * K),
-          frontier_slots(static_cast<size_t>(B) * K, -1);
+          cand_parent(static_cast<size_t>(B) * C), next_slots(static_cast<size_t>(B) * K),
+          next_tokens(static_cast<size_t>(B) * K), next_draft(static_cast<size_t>(B) * K),
+          next_branch(static_cast<size_t>(B) * K), frontier_slots(static_cast<size_t>(B) * K, -1);
       std::vector<float> cand_scores(static_cast<size_t>(B) * C),
           next_scores(static_cast<size_t>(B) * K),
           frontier_scores(static_cast<size_t>(B) * K, 0.0f);
-      // Step 0's logits (one branch per request: the root) and the branches'
-      // hidden / scratch.
-      std::vector<float> logits(static_cast<size_t>(B * Vd)),
-          hidden(static_cast<size_t>(B * H));
+      // Step 0's logits (one branch per request: the root) and the branches' hidden / scratch.
+      std::vector<float> logits(static_cast<size_t>(B * Vd)), hidden(static_cast<size_t>(B * H));
       std::vector<int32_t> scratch(static_cast<size_t>(B), -1);
       for (int b = 0; b < B; ++b) {
         size_t const r = static_cast<size_t>(batch[b]);
-        std::copy(draft_logits[r].begin(), draft_logits[r].end(),
-                  logits.begin() + b * Vd);
-        std::copy(draft_hidden[r].begin(), draft_hidden[r].end(),
-                  hidden.begin() + b * H);
+        std::copy(draft_logits[r].begin(), draft_logits[r].end(), logits.begin() + b * Vd);
+        std::copy(draft_hidden[r].begin(), draft_hidden[r].end(), hidden.begin() + b * H);
       }
       ops::DraftSelectBuffers const buffers{B,
                                             static_cast<int>(Vd),
@@ -567,48 +504,39 @@ private:
       int branches = 1;
       for (int s = 0; s < S; ++s) {
         if (s > 0) {
-          // Each frontier branch i extends branch next_branch[i] of the
-          // previous forward.
+          // Each frontier branch i extends branch next_branch[i] of the previous forward.
           std::vector<float> parent_hidden(static_cast<size_t>(B * K * H));
           std::vector<int32_t> parent_scratch(static_cast<size_t>(B * K));
           for (int b = 0; b < B; ++b) {
             for (int i = 0; i < K; ++i) {
-              int const from =
-                  b * branches + next_branch[static_cast<size_t>(b * K + i)];
-              std::copy_n(hidden.begin() + from * H, H,
-                          parent_hidden.begin() + (b * K + i) * H);
-              parent_scratch[static_cast<size_t>(b * K + i)] =
-                  scratch[static_cast<size_t>(from)];
+              int const from = b * branches + next_branch[static_cast<size_t>(b * K + i)];
+              std::copy_n(hidden.begin() + from * H, H, parent_hidden.begin() + (b * K + i) * H);
+              parent_scratch[static_cast<size_t>(b * K + i)] = scratch[static_cast<size_t>(from)];
             }
           }
-          SPECDEC_RETURN_IF_ERROR(model::eagle::draft_step(
-              CpuExecutor{}, *e.draft_, &draft_cache, ids, K, next_tokens,
-              parent_hidden, parent_scratch, &hidden, &logits, &scratch));
+          SPECDEC_RETURN_IF_ERROR(
+              model::eagle::draft_step(CpuExecutor{}, *e.draft_, &draft_cache, ids, K, next_tokens,
+                                       parent_hidden, parent_scratch, &hidden, &logits, &scratch));
           frontier_scores = next_scores;
           frontier_slots = next_slots;
           branches = K;
         }
-        ops::DraftExpandParams const x =
-            buffers.expand(s, logits.data(), frontier_scores.data(),
-                           frontier_slots.data(), e.draft_->d2t.data());
+        ops::DraftExpandParams const x = buffers.expand(
+            s, logits.data(), frontier_scores.data(), frontier_slots.data(), e.draft_->d2t.data());
         SPECDEC_RETURN_IF_ERROR(ops::draft_expand(CpuExecutor{}, x));
       }
       std::vector<int32_t> roots(static_cast<size_t>(B)),
-          node_slot(static_cast<size_t>(B) * kNodes),
-          status(static_cast<size_t>(B));
+          node_slot(static_cast<size_t>(B) * kNodes), status(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b)
-        roots[static_cast<size_t>(b)] =
-            history[static_cast<size_t>(batch[b])].back();
-      ops::DraftFinalizeParams const f =
-          buffers.finalize(roots.data(), kNodes, tokens->data(),
-                           parents->data(), node_slot.data(), status.data());
+        roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
+      ops::DraftFinalizeParams const f = buffers.finalize(
+          roots.data(), kNodes, tokens->data(), parents->data(), node_slot.data(), status.data());
       SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(CpuExecutor{}, f));
       for (int b = 0; b < B; ++b) {
         if (status[static_cast<size_t>(b)] != ops::kDraftSelectOk) {
-          return Status::Internal(
-              "SpecEngine: draft_finalize status " +
-              std::to_string(status[static_cast<size_t>(b)]) + " for request " +
-              std::to_string(batch[b]));
+          return Status::Internal("SpecEngine: draft_finalize status " +
+                                  std::to_string(status[static_cast<size_t>(b)]) + " for request " +
+                                  std::to_string(batch[b]));
         }
       }
       return Status::Ok();
@@ -616,8 +544,7 @@ private:
 
     Status step() {
       std::vector<int> const batch = active;
-      int const B = static_cast<int>(batch.size()), N = kNodes,
-                P_cap = kPathCapacity;
+      int const B = static_cast<int>(batch.size()), N = kNodes, P_cap = kPathCapacity;
       int const W = mask_words(N);
       size_t const BN = static_cast<size_t>(B) * N;
       auto const ids = ids_of(batch);
@@ -633,31 +560,26 @@ private:
       std::vector<int32_t> prefix(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {
         int64_t length = 0;
-        SPECDEC_RETURN_IF_ERROR(
-            target.table().length(batch[static_cast<size_t>(b)], &length));
+        SPECDEC_RETURN_IF_ERROR(target.table().length(batch[static_cast<size_t>(b)], &length));
         prefix[static_cast<size_t>(b)] = static_cast<int32_t>(length);
       }
-      TreeInput const tree{tokens.data(), parents.data(), node_count.data(), B,
-                           N};
+      TreeInput const tree{tokens.data(), parents.data(), node_count.data(), B, N};
       std::vector<uint32_t> mask(BN * W);
-      std::vector<int32_t> depth(BN), positions(BN), first_child(BN),
-          next_sibling(BN), leaf_paths(BN * P_cap),
-          leaf_count(static_cast<size_t>(B)),
+      std::vector<int32_t> depth(BN), positions(BN), first_child(BN), next_sibling(BN),
+          leaf_paths(BN * P_cap), leaf_count(static_cast<size_t>(B)),
           tree_status(static_cast<size_t>(B));
       ops::TreeBuildParams tb;
       tb.tree = tree;
       tb.prefix_len = prefix.data();
-      tb.out = TreeTopology{
-          mask.data(),        depth.data(),        positions.data(),
-          first_child.data(), next_sibling.data(), leaf_paths.data(),
-          leaf_count.data(),  tree_status.data(),  P_cap};
+      tb.out = TreeTopology{mask.data(),        depth.data(),        positions.data(),
+                            first_child.data(), next_sibling.data(), leaf_paths.data(),
+                            leaf_count.data(),  tree_status.data(),  P_cap};
       SPECDEC_RETURN_IF_ERROR(ops::tree_build(CpuExecutor{}, tb));
       SPECDEC_RETURN_IF_ERROR(check_tree_status(tree_status.data(), B));
       add_time(&SpecMetrics::build_s, detail::seconds_since(t), batch);
 
-      // 3. Verify forward over all N slots; slots past a tree's node count hold
-      // the root token as a child of the root (valid for the forward, never
-      // read by accept or commit).
+      // 3. Verify forward over all N slots; slots past a tree's node count hold the root token
+      // as a child of the root (valid for the forward, never read by accept or commit).
       t = detail::Clock::now();
       std::vector<int32_t> v_tokens = tokens, v_positions = positions;
       std::vector<uint32_t> v_mask = mask;
@@ -666,24 +588,21 @@ private:
           size_t const at = static_cast<size_t>(b) * N + i;
           v_tokens[at] = tokens[static_cast<size_t>(b) * N];
           v_positions[at] = prefix[static_cast<size_t>(b)] + 1;
-          uint32_t *row = &v_mask[at * W];
+          uint32_t* row = &v_mask[at * W];
           std::fill(row, row + W, 0u);
           row[0] |= 1u;
           row[i >> 5] |= 1u << (i & 31);
         }
       }
-      SPECDEC_RETURN_IF_ERROR(
-          target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers()));
+      SPECDEC_RETURN_IF_ERROR(target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers()));
       add_time(&SpecMetrics::verify_s, detail::seconds_since(t), batch);
 
       // 4. Accept, 5. commit.
       t = detail::Clock::now();
-      std::vector<int32_t> path(static_cast<size_t>(B) * P_cap),
-          num_accepted(B), next_token(B);
-      Acceptance const acc{path.data(), num_accepted.data(), next_token.data(),
-                           P_cap};
-      TreeLinks const links{depth.data(), first_child.data(),
-                            next_sibling.data(), tree_status.data()};
+      std::vector<int32_t> path(static_cast<size_t>(B) * P_cap), num_accepted(B), next_token(B);
+      Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
+      TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
+                            tree_status.data()};
       BatchSampling s;
       detail::fill_sampling(requests, batch, results, &s);
       SPECDEC_RETURN_IF_ERROR(target.accept(tree, links, s, acc));
@@ -698,29 +617,26 @@ private:
         for (int i = 1; i < node_count[static_cast<size_t>(b)]; ++i) {
           proposed_depths.push_back(depth[static_cast<size_t>(b) * N + i]);
         }
-        // The committed tokens: the accepted drafts, then the bonus /
-        // correction; the output takes them until the request stops.
+        // The committed tokens: the accepted drafts, then the bonus / correction; the output
+        // takes them until the request stops.
         std::vector<int32_t> committed;
         for (int k = 1; k <= a; ++k) {
-          committed.push_back(tokens[static_cast<size_t>(b) * N +
-                                     path[static_cast<size_t>(b) * P_cap + k]]);
+          committed.push_back(
+              tokens[static_cast<size_t>(b) * N + path[static_cast<size_t>(b) * P_cap + k]]);
         }
         committed.push_back(next_token[static_cast<size_t>(b)]);
         bool done = false;
         int taken = 0;
         for (int32_t token : committed) {
           ++taken;
-          if ((done = push(r, token)))
-            break;
+          if ((done = push(r, token))) break;
         }
-        results[static_cast<size_t>(r)].metrics.record_verify(
-            proposed_depths, std::min(a, taken), taken);
-        if (done)
-          continue;
+        results[static_cast<size_t>(r)].metrics.record_verify(proposed_depths, std::min(a, taken),
+                                                              taken);
+        if (done) continue;
         still.push_back(r);
         if constexpr (kDraftsWithModel) {
-          // Draft entries: committed token k with the features of path node k
-          // - 1.
+          // Draft entries: committed token k with the features of path node k - 1.
           d_counts.push_back(a + 1);
           d_tokens.insert(d_tokens.end(), committed.begin(), committed.end());
           for (int k = 0; k <= a; ++k) {
@@ -746,10 +662,10 @@ private:
     // Counters summed over requests; times of the batch phases, once each.
     SpecMetrics total() const {
       SpecMetrics t;
-      for (GenerationResult const &r : results) {
+      for (GenerationResult const& r : results) {
         SpecMetrics counters = r.metrics;
-        counters.prefill_s = counters.draft_s = counters.build_s =
-            counters.verify_s = counters.commit_s = counters.extend_s = 0.0;
+        counters.prefill_s = counters.draft_s = counters.build_s = counters.verify_s =
+            counters.commit_s = counters.extend_s = 0.0;
         t.merge(counters);
       }
       t.merge(batch_time);
@@ -757,10 +673,10 @@ private:
     }
   };
 
-  TargetModel *target_ = nullptr;
-  DraftModel const *draft_ = nullptr;
+  TargetModel* target_ = nullptr;
+  DraftModel const* draft_ = nullptr;
   EngineOptions options_;
   Exec exec_{};
 };
 
-} // namespace specdec::engine
+}  // namespace specdec::engine

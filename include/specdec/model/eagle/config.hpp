@@ -1,66 +1,52 @@
-// config.json of an EAGLE-family draft checkpoint (reference/kimi.md "EAGLE-3
-// draft checkpoint"), validated, and the checks of a draft against the serving
-// policy and the target. Two layouts share one Llama decoder layer
-// (forward_cpu.hpp) and this config:
+// config.json of an EAGLE-family draft checkpoint (reference/kimi.md "EAGLE-3 draft checkpoint"),
+// validated, and the checks of a draft against the serving policy and the target. Two layouts
+// share one Llama decoder layer (forward_cpu.hpp) and this config:
 //   EAGLE-3    (SpecForge layout, what SGLang and vLLM load) architectures
-//              ["LlamaForCausalLMEagle3"] (vLLM's alias
-//              "Eagle3LlamaForCausalLM" too)
-//   EAGLE-1/2  (SafeAILab / SGLang "LlamaForCausalLMEagle", vLLM
-//   "EagleLlamaForCausalLM"): fc over
+//              ["LlamaForCausalLMEagle3"] (vLLM's alias "Eagle3LlamaForCausalLM" too)
+//   EAGLE-1/2  (SafeAILab / SGLang "LlamaForCausalLMEagle", vLLM "EagleLlamaForCausalLM"): fc over
 //              [embedding, the target's last hidden state]; DraftKind::kEagle
 // Any other architectures value is kUnsupported naming it.
 //
 // Fields, both kinds:
-//   num_hidden_layers   1 (one Llama decoder layer; others kUnsupported:
-//   EAGLE-3's midlayer is
-//                       one layer, and public EAGLE-1/2 drafts have one,
-//                       layers.0.*)
-//   hidden_size H, intermediate_size I, num_attention_heads nh, vocab_size V
-//   (the target's), rms_norm_eps, rope_theta (or rope_parameters {rope_type
-//   "default", rope_theta}), max_position_embeddings required
-//   num_key_value_heads nkv    default nh (transformers' LlamaConfig); nh % nkv
-//   == 0 head_dim hd                default H / nh (H % nh must then be 0);
-//   even (NeoX rope halves) rope_scaling               absent or null (any
-//   scaling is kUnsupported naming it) hidden_act "silu", attention_bias /
-//   mlp_bias false   when present (others kUnsupported)
+//   num_hidden_layers   1 (one Llama decoder layer; others kUnsupported: EAGLE-3's midlayer is
+//                       one layer, and public EAGLE-1/2 drafts have one, layers.0.*)
+//   hidden_size H, intermediate_size I, num_attention_heads nh, vocab_size V (the target's),
+//   rms_norm_eps, rope_theta (or rope_parameters {rope_type "default", rope_theta}),
+//   max_position_embeddings                                                    required
+//   num_key_value_heads nkv    default nh (transformers' LlamaConfig); nh % nkv == 0
+//   head_dim hd                default H / nh (H % nh must then be 0); even (NeoX rope halves)
+//   rope_scaling               absent or null (any scaling is kUnsupported naming it)
+//   hidden_act "silu", attention_bias / mlp_bias false   when present (others kUnsupported)
 // EAGLE-3 only:
 //   draft_vocab_size Vd        default V; in [1, V]
 //   target_hidden_size Ht      default H
-//   eagle_config {eagle_aux_hidden_state_layer_ids: [...],
-//   use_aux_hidden_state: true}
-//     ids in policy/layers.hpp's convention (id i = the residual stream after
-//     target layer i, -1 the embedding output), in order. Absent ids (or no
-//     eagle_config): SGLang's documented default, the inputs of layers 2, N/2,
-//     N-3 of an N-layer target = ids [1, N/2 - 1, N - 4] (Kimi-K2.5, N = 61:
-//     [1, 29, 57]); layers_from_file records which. A default that is not a
-//     valid layer set for the target (a duplicate or an id out of range: N = 4
-//     gives [1,1,0]) is an error saying to write the ids into eagle_config.
-//     use_aux_hidden_state false is kUnsupported.
+//   eagle_config {eagle_aux_hidden_state_layer_ids: [...], use_aux_hidden_state: true}
+//     ids in policy/layers.hpp's convention (id i = the residual stream after target layer i,
+//     -1 the embedding output), in order. Absent ids (or no eagle_config): SGLang's documented
+//     default, the inputs of layers 2, N/2, N-3 of an N-layer target = ids [1, N/2 - 1, N - 4]
+//     (Kimi-K2.5, N = 61: [1, 29, 57]); layers_from_file records which. A default that is not a
+//     valid layer set for the target (a duplicate or an id out of range: N = 4 gives [1,1,0]) is
+//     an error saying to write the ids into eagle_config. use_aux_hidden_state false is
+//     kUnsupported.
 //   Every id must be in [-1, N): read_draft_config takes N (target_num_layers).
-// EAGLE-1/2: Vd = V and Ht = H (the draft reads the target's embedding width
-// and predicts in the
-//   target's vocabulary through the target's lm_head); layers is empty (the
-//   policy's Layers<>), and the feature it reads is the target's last hidden
-//   state: feature_layers() = [N - 1], final-normed by the draft
-//   (forward_cpu.hpp). eagle_config is not read.
+// EAGLE-1/2: Vd = V and Ht = H (the draft reads the target's embedding width and predicts in the
+//   target's vocabulary through the target's lm_head); layers is empty (the policy's Layers<>),
+//   and the feature it reads is the target's last hidden state: feature_layers() = [N - 1],
+//   final-normed by the draft (forward_cpu.hpp). eagle_config is not read.
 //
 // Errors name the file and the field ("<dir>/config.json: field 'eagle_config.
-// eagle_aux_hidden_state_layer_ids' ..."): missing / wrongly typed fields
-// kMalformedInput, values that cannot work kInvalidArgument, valid values not
-// implemented kUnsupported.
+// eagle_aux_hidden_state_layer_ids' ..."): missing / wrongly typed fields kMalformedInput, values
+// that cannot work kInvalidArgument, valid values not implemented kUnsupported.
 //
 // Public API (namespace specdec::model::eagle):
-//   DraftConfig                                     the fields above plus kind
-//   / source read_draft_config(dir, target_num_layers, &config)          reads
-//   dir/config.json parse_draft_config(json text, source, target_num_layers,
-//   &config) eagle3_default_layers(target_num_layers)        [1, N/2 - 1, N -
-//   4] check_draft_config_fits(config, policy_kind, policy_layers, policy_what)
-//     the algorithm and the layer set (order included) against the policy
-//     (check_draft_fits)
-//   check_draft_target(config, target)              vocab_size and the hidden
-//   widths against
-//                                                   the target's
-//                                                   DeepseekV3Config
+//   DraftConfig                                     the fields above plus kind / source
+//   read_draft_config(dir, target_num_layers, &config)          reads dir/config.json
+//   parse_draft_config(json text, source, target_num_layers, &config)
+//   eagle3_default_layers(target_num_layers)        [1, N/2 - 1, N - 4]
+//   check_draft_config_fits(config, policy_kind, policy_layers, policy_what)
+//     the algorithm and the layer set (order included) against the policy (check_draft_fits)
+//   check_draft_target(config, target)              vocab_size and the hidden widths against
+//                                                   the target's DeepseekV3Config
 #pragma once
 
 #include <cstdint>
@@ -85,39 +71,36 @@
 
 namespace specdec::model::eagle {
 
-inline constexpr char const *kEagle3Architecture = "LlamaForCausalLMEagle3";
-inline constexpr char const *kEagleArchitecture =
-    "LlamaForCausalLMEagle"; // EAGLE-1/2
-inline constexpr char const *kEagleArchitectureVllm =
-    "EagleLlamaForCausalLM"; // its vLLM name
+inline constexpr char const* kEagle3Architecture = "LlamaForCausalLMEagle3";
+inline constexpr char const* kEagleArchitecture = "LlamaForCausalLMEagle";      // EAGLE-1/2
+inline constexpr char const* kEagleArchitectureVllm = "EagleLlamaForCausalLM";  // its vLLM name
 
 struct DraftConfig {
-  std::string source;       // the file read
-  std::string architecture; // the architectures entry that was recognised
-  DraftKind kind = DraftKind::kEagle3; // or kEagle (EAGLE-1/2)
-  int target_num_layers = 0;           // N, as given to parse_draft_config
+  std::string source;                   // the file read
+  std::string architecture;             // the architectures entry that was recognised
+  DraftKind kind = DraftKind::kEagle3;  // or kEagle (EAGLE-1/2)
+  int target_num_layers = 0;            // N, as given to parse_draft_config
 
-  int hidden_size = 0;         // H
-  int intermediate_size = 0;   // I
-  int num_attention_heads = 0; // nh
-  int num_key_value_heads = 0; // nkv, divides nh
-  int head_dim = 0;            // hd, even
+  int hidden_size = 0;          // H
+  int intermediate_size = 0;    // I
+  int num_attention_heads = 0;  // nh
+  int num_key_value_heads = 0;  // nkv, divides nh
+  int head_dim = 0;             // hd, even
   double rms_norm_eps = 0.0;
   double rope_theta = 0.0;
   int64_t max_position_embeddings = 0;
-  int vocab_size = 0;         // V, the target's vocabulary
-  int draft_vocab_size = 0;   // Vd <= V
-  int target_hidden_size = 0; // Ht
-  std::vector<int>
-      layers; // EAGLE-3: eagle_aux_hidden_state_layer_ids (or the default), in
-              // order; EAGLE-1/2: empty (the policy's Layers<>)
+  int vocab_size = 0;          // V, the target's vocabulary
+  int draft_vocab_size = 0;    // Vd <= V
+  int target_hidden_size = 0;  // Ht
+  std::vector<int> layers;     // EAGLE-3: eagle_aux_hidden_state_layer_ids (or the default), in
+                               // order; EAGLE-1/2: empty (the policy's Layers<>)
   bool layers_from_file = false;
 
   bool eagle3() const { return kind == DraftKind::kEagle3; }
   int64_t q_width() const { return int64_t{num_attention_heads} * head_dim; }
   int64_t kv_width() const { return int64_t{num_key_value_heads} * head_dim; }
-  // The target residual streams the draft reads, in order: EAGLE-3 its layer
-  // set, EAGLE-1/2 the last layer's output (final-normed by the draft).
+  // The target residual streams the draft reads, in order: EAGLE-3 its layer set, EAGLE-1/2 the
+  // last layer's output (final-normed by the draft).
   std::vector<int> feature_layers() const {
     return eagle3() ? layers : std::vector<int>{target_num_layers - 1};
   }
@@ -126,15 +109,10 @@ struct DraftConfig {
     return static_cast<int64_t>(feature_layers().size()) * target_hidden_size;
   }
   // fc's input width: EAGLE-3 the feature, EAGLE-1/2 [embedding H | feature H].
-  int64_t fc_in_width() const {
-    return eagle3() ? feature_width() : 2 * int64_t{hidden_size};
-  }
-  // The attention projections' input width: EAGLE-3 [embedding | hidden] 2H,
-  // EAGLE-1/2 H.
-  int64_t attention_in_width() const {
-    return (eagle3() ? 2 : 1) * int64_t{hidden_size};
-  }
-  char const *kind_name() const { return eagle3() ? "EAGLE-3" : "EAGLE-1/2"; }
+  int64_t fc_in_width() const { return eagle3() ? feature_width() : 2 * int64_t{hidden_size}; }
+  // The attention projections' input width: EAGLE-3 [embedding | hidden] 2H, EAGLE-1/2 H.
+  int64_t attention_in_width() const { return (eagle3() ? 2 : 1) * int64_t{hidden_size}; }
+  char const* kind_name() const { return eagle3() ? "EAGLE-3" : "EAGLE-1/2"; }
 };
 
 // SGLang's default capture for an N-layer target in this project's convention.
@@ -148,59 +126,50 @@ namespace detail {
 using io::detail::FieldReader;
 using io::detail::Json;
 
-inline bool is_one_of(std::string const &s,
-                      std::initializer_list<char const *> names) {
-  for (char const *n : names) {
-    if (s == n)
-      return true;
+inline bool is_one_of(std::string const& s, std::initializer_list<char const*> names) {
+  for (char const* n : names) {
+    if (s == n) return true;
   }
   return false;
 }
 
-// Layer ids: a valid set (policy/layers.hpp) with every id < target_num_layers.
-// `what` says where they came from; `fix` is appended to the message.
-inline Status check_layer_ids(std::vector<int> const &ids,
-                              int target_num_layers, std::string const &what,
-                              std::string const &fix) {
-  if (ids.empty())
-    return Status::InvalidArgument(what + " is empty" + fix);
+// Layer ids: a valid set (policy/layers.hpp) with every id < target_num_layers. `what` says where
+// they came from; `fix` is appended to the message.
+inline Status check_layer_ids(std::vector<int> const& ids, int target_num_layers,
+                              std::string const& what, std::string const& fix) {
+  if (ids.empty()) return Status::InvalidArgument(what + " is empty" + fix);
   switch (layer_set_error(ids)) {
-  case LayerSetError::kOk:
-    break;
-  case LayerSetError::kBelowEmbedding:
-    return Status::InvalidArgument(
-        what + " " + format_layers(ids) +
-        " has an id below -1 (the embedding output)" + fix);
-  case LayerSetError::kDuplicate:
-    return Status::InvalidArgument(what + " " + format_layers(ids) +
-                                   " lists a layer twice" + fix);
+    case LayerSetError::kOk:
+      break;
+    case LayerSetError::kBelowEmbedding:
+      return Status::InvalidArgument(what + " " + format_layers(ids) +
+                                     " has an id below -1 (the embedding output)" + fix);
+    case LayerSetError::kDuplicate:
+      return Status::InvalidArgument(what + " " + format_layers(ids) + " lists a layer twice" +
+                                     fix);
   }
   for (int id : ids) {
     if (id >= target_num_layers) {
       return Status::InvalidArgument(
-          what + " " + format_layers(ids) + " has id " + std::to_string(id) +
-          " >= the target's " + std::to_string(target_num_layers) +
-          " layers (ids are outputs of layers 0.." +
+          what + " " + format_layers(ids) + " has id " + std::to_string(id) + " >= the target's " +
+          std::to_string(target_num_layers) + " layers (ids are outputs of layers 0.." +
           std::to_string(target_num_layers - 1) + ", -1 the embedding)" + fix);
     }
   }
   return Status::Ok();
 }
 
-inline Status parse_eagle_config(FieldReader const &top, int target_num_layers,
-                                 DraftConfig *c) {
+inline Status parse_eagle_config(FieldReader const& top, int target_num_layers, DraftConfig* c) {
   std::string const key = "eagle_aux_hidden_state_layer_ids";
   FieldReader e{top.source, "eagle_config.", nullptr};
   bool const has_eagle = !top.absent_or_null("eagle_config");
-  if (has_eagle)
-    SPECDEC_RETURN_IF_ERROR(top.get_object("eagle_config", &e));
+  if (has_eagle) SPECDEC_RETURN_IF_ERROR(top.get_object("eagle_config", &e));
   if (has_eagle && e.has("use_aux_hidden_state")) {
     bool use_aux = true;
     SPECDEC_RETURN_IF_ERROR(e.get_bool("use_aux_hidden_state", &use_aux));
     if (!use_aux) {
-      return e.unsupported(
-          "use_aux_hidden_state", Json(false),
-          "only drafts that read the target's aux hidden states are supported");
+      return e.unsupported("use_aux_hidden_state", Json(false),
+                           "only drafts that read the target's aux hidden states are supported");
     }
   }
   if (!has_eagle || e.absent_or_null(key)) {
@@ -211,18 +180,14 @@ inline Status parse_eagle_config(FieldReader const &top, int target_num_layers,
         std::string(top.source) + ": " + e.field(key) +
             " is absent and the default [1, N/2 - 1, N - 4] for the " +
             std::to_string(target_num_layers) + "-layer target",
-        " (not a valid layer set); write the ids the draft was trained with "
-        "into eagle_config");
+        " (not a valid layer set); write the ids the draft was trained with into eagle_config");
   }
-  Json const &v = *e.find(key);
-  if (!v.is_array())
-    return e.wrong_type(key, v, "an array of integers");
+  Json const& v = *e.find(key);
+  if (!v.is_array()) return e.wrong_type(key, v, "an array of integers");
   c->layers.clear();
-  for (Json const &id : v) {
-    if (!id.is_number_integer() || id.get<int64_t>() < -1 ||
-        id.get<int64_t>() > int64_t{1} << 30) {
-      return e.bad_value(key, v,
-                         "every entry must be an integer layer id >= -1");
+  for (Json const& id : v) {
+    if (!id.is_number_integer() || id.get<int64_t>() < -1 || id.get<int64_t>() > int64_t{1} << 30) {
+      return e.bad_value(key, v, "every entry must be an integer layer id >= -1");
     }
     c->layers.push_back(static_cast<int>(id.get<int64_t>()));
   }
@@ -231,32 +196,27 @@ inline Status parse_eagle_config(FieldReader const &top, int target_num_layers,
 }
 
 // The Llama decoder fields both kinds share.
-inline Status parse_llama_fields(FieldReader const &t, DraftConfig *c) {
-  Json const &j = *t.obj;
+inline Status parse_llama_fields(FieldReader const& t, DraftConfig* c) {
+  Json const& j = *t.obj;
   int layers = 0;
   SPECDEC_RETURN_IF_ERROR(t.get_int32("num_hidden_layers", 1, &layers));
   if (layers != 1) {
-    return t.unsupported(
-        "num_hidden_layers", j["num_hidden_layers"],
-        c->eagle3()
-            ? "an EAGLE-3 draft has one decoder layer (midlayer.*)"
-            : "EAGLE-1/2 drafts run with one decoder layer (layers.0.*, "
-              "the layout of every public EAGLE-1/2 draft)");
+    return t.unsupported("num_hidden_layers", j["num_hidden_layers"],
+                         c->eagle3() ? "an EAGLE-3 draft has one decoder layer (midlayer.*)"
+                                     : "EAGLE-1/2 drafts run with one decoder layer (layers.0.*, "
+                                       "the layout of every public EAGLE-1/2 draft)");
   }
   SPECDEC_RETURN_IF_ERROR(t.get_int32("hidden_size", 1, &c->hidden_size));
-  SPECDEC_RETURN_IF_ERROR(
-      t.get_int32("intermediate_size", 1, &c->intermediate_size));
-  SPECDEC_RETURN_IF_ERROR(
-      t.get_int32("num_attention_heads", 1, &c->num_attention_heads));
+  SPECDEC_RETURN_IF_ERROR(t.get_int32("intermediate_size", 1, &c->intermediate_size));
+  SPECDEC_RETURN_IF_ERROR(t.get_int32("num_attention_heads", 1, &c->num_attention_heads));
   c->num_key_value_heads = c->num_attention_heads;
   if (!t.absent_or_null("num_key_value_heads")) {
-    SPECDEC_RETURN_IF_ERROR(
-        t.get_int32("num_key_value_heads", 1, &c->num_key_value_heads));
+    SPECDEC_RETURN_IF_ERROR(t.get_int32("num_key_value_heads", 1, &c->num_key_value_heads));
   }
   if (c->num_attention_heads % c->num_key_value_heads != 0) {
-    return t.bad_value("num_key_value_heads", j["num_key_value_heads"],
-                       "does not divide num_attention_heads " +
-                           std::to_string(c->num_attention_heads));
+    return t.bad_value(
+        "num_key_value_heads", j["num_key_value_heads"],
+        "does not divide num_attention_heads " + std::to_string(c->num_attention_heads));
   }
   if (!t.absent_or_null("head_dim")) {
     SPECDEC_RETURN_IF_ERROR(t.get_int32("head_dim", 2, &c->head_dim));
@@ -269,17 +229,15 @@ inline Status parse_llama_fields(FieldReader const &t, DraftConfig *c) {
     c->head_dim = c->hidden_size / c->num_attention_heads;
   }
   if (c->head_dim % 2 != 0) {
-    return Status::InvalidArgument(
-        t.where("head_dim") + " = " + std::to_string(c->head_dim) +
-        ": must be even (rope rotates the two halves of a head)");
+    return Status::InvalidArgument(t.where("head_dim") + " = " + std::to_string(c->head_dim) +
+                                   ": must be even (rope rotates the two halves of a head)");
   }
   SPECDEC_RETURN_IF_ERROR(t.get_double("rms_norm_eps", &c->rms_norm_eps));
   if (!(c->rms_norm_eps > 0.0))
     return t.bad_value("rms_norm_eps", j["rms_norm_eps"], "must be > 0");
   if (t.has("rope_theta") || t.absent_or_null("rope_parameters")) {
     SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", &c->rope_theta));
-    if (!(c->rope_theta > 0.0))
-      return t.bad_value("rope_theta", j["rope_theta"], "must be > 0");
+    if (!(c->rope_theta > 0.0)) return t.bad_value("rope_theta", j["rope_theta"], "must be > 0");
   } else {
     FieldReader p{t.source, "", nullptr};
     SPECDEC_RETURN_IF_ERROR(t.get_object("rope_parameters", &p));
@@ -287,9 +245,8 @@ inline Status parse_llama_fields(FieldReader const &t, DraftConfig *c) {
       std::string type;
       SPECDEC_RETURN_IF_ERROR(p.get_string("rope_type", &type));
       if (type != "default") {
-        return p.unsupported(
-            "rope_type", *p.find("rope_type"),
-            "only unscaled rope (\"default\") is supported for the draft");
+        return p.unsupported("rope_type", *p.find("rope_type"),
+                             "only unscaled rope (\"default\") is supported for the draft");
       }
     }
     SPECDEC_RETURN_IF_ERROR(p.get_double("rope_theta", &c->rope_theta));
@@ -298,15 +255,12 @@ inline Status parse_llama_fields(FieldReader const &t, DraftConfig *c) {
   }
   if (!t.absent_or_null("rope_scaling")) {
     return t.unsupported("rope_scaling", j["rope_scaling"],
-                         "the draft runs unscaled NeoX rope only; rope_scaling "
-                         "must be absent or "
+                         "the draft runs unscaled NeoX rope only; rope_scaling must be absent or "
                          "null");
   }
-  SPECDEC_RETURN_IF_ERROR(
-      t.get_int("max_position_embeddings", &c->max_position_embeddings));
+  SPECDEC_RETURN_IF_ERROR(t.get_int("max_position_embeddings", &c->max_position_embeddings));
   if (c->max_position_embeddings <= 0) {
-    return t.bad_value("max_position_embeddings", j["max_position_embeddings"],
-                       "must be > 0");
+    return t.bad_value("max_position_embeddings", j["max_position_embeddings"], "must be > 0");
   }
   SPECDEC_RETURN_IF_ERROR(t.get_int32("vocab_size", 1, &c->vocab_size));
   c->draft_vocab_size = c->vocab_size;
@@ -315,62 +269,50 @@ inline Status parse_llama_fields(FieldReader const &t, DraftConfig *c) {
     std::string act;
     SPECDEC_RETURN_IF_ERROR(t.get_string("hidden_act", &act));
     if (act != "silu") {
-      return t.unsupported("hidden_act", j["hidden_act"],
-                           "only \"silu\" (SwiGLU) is supported");
+      return t.unsupported("hidden_act", j["hidden_act"], "only \"silu\" (SwiGLU) is supported");
     }
   }
-  for (char const *bias : {"attention_bias", "mlp_bias"}) {
-    if (t.absent_or_null(bias))
-      continue;
+  for (char const* bias : {"attention_bias", "mlp_bias"}) {
+    if (t.absent_or_null(bias)) continue;
     bool b = false;
     SPECDEC_RETURN_IF_ERROR(t.get_bool(bias, &b));
-    if (b)
-      return t.unsupported(bias, Json(true), "biases are not supported");
+    if (b) return t.unsupported(bias, Json(true), "biases are not supported");
   }
   return Status::Ok();
 }
 
-// EAGLE-3's own fields: the draft vocabulary, the target width and the layer
-// set.
-inline Status parse_eagle3_fields(FieldReader const &t, int target_num_layers,
-                                  DraftConfig *c) {
-  Json const &j = *t.obj;
+// EAGLE-3's own fields: the draft vocabulary, the target width and the layer set.
+inline Status parse_eagle3_fields(FieldReader const& t, int target_num_layers, DraftConfig* c) {
+  Json const& j = *t.obj;
   if (!t.absent_or_null("draft_vocab_size")) {
-    SPECDEC_RETURN_IF_ERROR(
-        t.get_int32("draft_vocab_size", 1, &c->draft_vocab_size));
+    SPECDEC_RETURN_IF_ERROR(t.get_int32("draft_vocab_size", 1, &c->draft_vocab_size));
     if (c->draft_vocab_size > c->vocab_size) {
       return t.bad_value("draft_vocab_size", j["draft_vocab_size"],
-                         "more than vocab_size " +
-                             std::to_string(c->vocab_size));
+                         "more than vocab_size " + std::to_string(c->vocab_size));
     }
   }
   if (!t.absent_or_null("target_hidden_size")) {
-    SPECDEC_RETURN_IF_ERROR(
-        t.get_int32("target_hidden_size", 1, &c->target_hidden_size));
+    SPECDEC_RETURN_IF_ERROR(t.get_int32("target_hidden_size", 1, &c->target_hidden_size));
   }
   return parse_eagle_config(t, target_num_layers, c);
 }
 
-} // namespace detail
+}  // namespace detail
 
-// Parses config.json text of a draft for a target of `target_num_layers`
-// layers. `source` names the file in every message.
-inline Status parse_draft_config(std::string_view json_text,
-                                 std::string_view source, int target_num_layers,
-                                 DraftConfig *out) {
+// Parses config.json text of a draft for a target of `target_num_layers` layers. `source` names
+// the file in every message.
+inline Status parse_draft_config(std::string_view json_text, std::string_view source,
+                                 int target_num_layers, DraftConfig* out) {
   using detail::FieldReader;
   using detail::Json;
-  if (out == nullptr)
-    return Status::InvalidArgument("parse_draft_config: out is null");
+  if (out == nullptr) return Status::InvalidArgument("parse_draft_config: out is null");
   if (target_num_layers < 1) {
-    return Status::InvalidArgument(
-        std::string(source) + ": target_num_layers " +
-        std::to_string(target_num_layers) + " must be >= 1");
+    return Status::InvalidArgument(std::string(source) + ": target_num_layers " +
+                                   std::to_string(target_num_layers) + " must be >= 1");
   }
   try {
     Json root;
-    SPECDEC_RETURN_IF_ERROR(
-        io::detail::parse_json_object(json_text, source, &root));
+    SPECDEC_RETURN_IF_ERROR(io::detail::parse_json_object(json_text, source, &root));
     DraftConfig c;
     c.source = std::string(source);
     c.target_num_layers = target_num_layers;
@@ -378,12 +320,10 @@ inline Status parse_draft_config(std::string_view json_text,
     std::vector<std::string> archs;
     SPECDEC_RETURN_IF_ERROR(top.get_string_list("architectures", &archs));
     bool found = false;
-    for (std::string const &a : archs) {
-      if (detail::is_one_of(a,
-                            {kEagle3Architecture, "Eagle3LlamaForCausalLM"})) {
+    for (std::string const& a : archs) {
+      if (detail::is_one_of(a, {kEagle3Architecture, "Eagle3LlamaForCausalLM"})) {
         c.kind = DraftKind::kEagle3;
-      } else if (detail::is_one_of(
-                     a, {kEagleArchitecture, kEagleArchitectureVllm})) {
+      } else if (detail::is_one_of(a, {kEagleArchitecture, kEagleArchitectureVllm})) {
         c.kind = DraftKind::kEagle;
       } else {
         continue;
@@ -393,97 +333,81 @@ inline Status parse_draft_config(std::string_view json_text,
       break;
     }
     if (!found) {
-      return top.unsupported(
-          "architectures", root["architectures"],
-          "not an EAGLE draft: expected \"LlamaForCausalLMEagle3\" (EAGLE-3; "
-          "or \"Eagle3LlamaForCausalLM\"), or \"LlamaForCausalLMEagle\" / "
-          "\"EagleLlamaForCausalLM\" (EAGLE-1/2)");
+      return top.unsupported("architectures", root["architectures"],
+                             "not an EAGLE draft: expected \"LlamaForCausalLMEagle3\" (EAGLE-3; "
+                             "or \"Eagle3LlamaForCausalLM\"), or \"LlamaForCausalLMEagle\" / "
+                             "\"EagleLlamaForCausalLM\" (EAGLE-1/2)");
     }
     SPECDEC_RETURN_IF_ERROR(detail::parse_llama_fields(top, &c));
     if (c.eagle3()) {
-      SPECDEC_RETURN_IF_ERROR(
-          detail::parse_eagle3_fields(top, target_num_layers, &c));
+      SPECDEC_RETURN_IF_ERROR(detail::parse_eagle3_fields(top, target_num_layers, &c));
     }
     *out = std::move(c);
     return Status::Ok();
-  } catch (std::exception const &e) {
+  } catch (std::exception const& e) {
     return Status::Internal(std::string(source) + ": " + e.what());
   }
 }
 
 // Reads `dir`/config.json (or `dir` itself when it is a file).
-inline Status read_draft_config(std::string const &dir, int target_num_layers,
-                                DraftConfig *out) {
+inline Status read_draft_config(std::string const& dir, int target_num_layers, DraftConfig* out) {
   std::string file, text;
-  SPECDEC_RETURN_IF_ERROR(
-      io::read_config_file(dir, "the draft's config", &file, &text));
+  SPECDEC_RETURN_IF_ERROR(io::read_config_file(dir, "the draft's config", &file, &text));
   return parse_draft_config(text, file, target_num_layers, out);
 }
 
-// The draft's algorithm and layer set against the serving policy's
-// (policy/spec_policy.hpp's check_draft_fits; the layer sets compared in
-// order). A wrong algorithm reads
-// "<file>: this checkpoint is an EAGLE-3 draft (architectures
-// LlamaForCausalLMEagle3); use
-// --speculative-algorithm EAGLE3: the draft checkpoint was trained as EAGLE3
-// ...".
-inline Status check_draft_config_fits(DraftConfig const &c,
-                                      DraftKind policy_kind,
+// The draft's algorithm and layer set against the serving policy's (policy/spec_policy.hpp's
+// check_draft_fits; the layer sets compared in order). A wrong algorithm reads
+// "<file>: this checkpoint is an EAGLE-3 draft (architectures LlamaForCausalLMEagle3); use
+// --speculative-algorithm EAGLE3: the draft checkpoint was trained as EAGLE3 ...".
+inline Status check_draft_config_fits(DraftConfig const& c, DraftKind policy_kind,
                                       std::span<int const> policy_layers,
                                       std::string_view policy_what) {
-  Status const s = check_draft_fits(c.kind, c.layers, policy_kind,
-                                    policy_layers, policy_what);
-  if (s.ok())
-    return s;
+  Status const s = check_draft_fits(c.kind, c.layers, policy_kind, policy_layers, policy_what);
+  if (s.ok()) return s;
   if (c.kind != policy_kind) {
-    return s.prefixed(c.source + ": this checkpoint is an " +
-                      (c.kind == DraftKind::kEagle3 ? std::string("EAGLE-3")
-                                                    : std::string("EAGLE")) +
-                      " draft (architectures " + c.architecture +
-                      "); use --speculative-algorithm " + draft_name(c.kind) +
-                      ": ");
+    return s.prefixed(
+        c.source + ": this checkpoint is an " +
+        (c.kind == DraftKind::kEagle3 ? std::string("EAGLE-3") : std::string("EAGLE")) +
+        " draft (architectures " + c.architecture + "); use --speculative-algorithm " +
+        draft_name(c.kind) + ": ");
   }
-  return s.prefixed(
-      c.source + (c.layers_from_file
-                      ? ": eagle_config.eagle_aux_hidden_state_layer_ids: "
-                      : ": the default layer ids (eagle_config has none): "));
+  return s.prefixed(c.source + (c.layers_from_file
+                                    ? ": eagle_config.eagle_aux_hidden_state_layer_ids: "
+                                    : ": the default layer ids (eagle_config has none): "));
 }
 
-// vocab_size and the hidden widths (target_hidden_size; EAGLE-1/2: hidden_size)
-// against the target model.
-inline Status check_draft_target(DraftConfig const &c,
-                                 io::DeepseekV3Config const &target) {
+// vocab_size and the hidden widths (target_hidden_size; EAGLE-1/2: hidden_size) against the
+// target model.
+inline Status check_draft_target(DraftConfig const& c, io::DeepseekV3Config const& target) {
   if (c.target_num_layers != target.num_hidden_layers) {
-    return Status::InvalidArgument(
-        c.source + ": parsed for a " + std::to_string(c.target_num_layers) +
-        "-layer target, the target (" + target.source + ") has " +
-        std::to_string(target.num_hidden_layers));
+    return Status::InvalidArgument(c.source + ": parsed for a " +
+                                   std::to_string(c.target_num_layers) +
+                                   "-layer target, the target (" + target.source + ") has " +
+                                   std::to_string(target.num_hidden_layers));
   }
   if (!c.eagle3() && c.hidden_size != target.hidden_size) {
     return Status::InvalidArgument(
         c.source + ": hidden_size " + std::to_string(c.hidden_size) +
-        " != the target's hidden_size " + std::to_string(target.hidden_size) +
-        " (" + target.source +
-        "): an EAGLE-1/2 draft's fc reads [embedding | the target's last "
-        "hidden state], both of "
+        " != the target's hidden_size " + std::to_string(target.hidden_size) + " (" +
+        target.source +
+        "): an EAGLE-1/2 draft's fc reads [embedding | the target's last hidden state], both of "
         "the target's width");
   }
   if (c.vocab_size != target.vocab_size) {
-    return Status::InvalidArgument(
-        c.source + ": vocab_size " + std::to_string(c.vocab_size) +
-        " != the target's vocab_size " + std::to_string(target.vocab_size) +
-        " (" + target.source +
-        "): the draft was trained for another tokenizer");
+    return Status::InvalidArgument(c.source + ": vocab_size " + std::to_string(c.vocab_size) +
+                                   " != the target's vocab_size " +
+                                   std::to_string(target.vocab_size) + " (" + target.source +
+                                   "): the draft was trained for another tokenizer");
   }
   if (c.target_hidden_size != target.hidden_size) {
-    return Status::InvalidArgument(
-        c.source + ": target_hidden_size " +
-        std::to_string(c.target_hidden_size) +
-        " (hidden_size when absent) != the target's hidden_size " +
-        std::to_string(target.hidden_size) + " (" + target.source +
-        "): the draft was trained on another target");
+    return Status::InvalidArgument(c.source + ": target_hidden_size " +
+                                   std::to_string(c.target_hidden_size) +
+                                   " (hidden_size when absent) != the target's hidden_size " +
+                                   std::to_string(target.hidden_size) + " (" + target.source +
+                                   "): the draft was trained on another target");
   }
   return Status::Ok();
 }
 
-} // namespace specdec::model::eagle
+}  // namespace specdec::model::eagle
