@@ -203,7 +203,6 @@ AllExperts& all_experts() {
     s = kimi::load_kimi_cuda_model(m.tiny.weights, m.tiny.config, &m.gpu);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     testing::load_tiny_draft(m.tmp.path / "draft", m.cpu, &m.draft);
-    testing::load_tiny_draft(m.tmp.path / "draft1", m.cpu, &m.draft1, DraftKind::kEagle);
     return true;
   }();
   (void)loaded;

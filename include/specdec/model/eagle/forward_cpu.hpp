@@ -479,23 +479,29 @@ inline Status draft_forward(DraftCpuModel const& m, DraftRows const& rows, CpuMa
   return Status::Ok();
 }
 
-// The checks both calls share: model, cache, a batch of distinct known requests.
-inline Status check_batch(std::string const& fn, DraftCpuModel const& m, DraftCache const* cache,
-                          std::span<RequestId const> requests) {
-  if (!m.loaded())
-    return Status::InvalidArgument(fn + "the model is not loaded (load_draft_cpu_model)");
+// The checks every executor's extend and step share: model, cache, a batch of distinct known
+// requests. `loader` and `cache_name` name the executor's load function and cache type in hints.
+template <class Model, class Cache>
+Status check_batch(std::string const& fn, Model const& m, Cache const* cache,
+                   std::span<RequestId const> requests, std::string_view loader,
+                   std::string_view cache_name) {
+  std::string const cache_type(cache_name);
+  if (!m.loaded()) {
+    return Status::InvalidArgument(fn + "the model is not loaded (" + std::string(loader) + ")");
+  }
   if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
   if (cache->kv_width() != m.kv_width()) {
     return Status::InvalidArgument(fn + "cache kv_width " + std::to_string(cache->kv_width()) +
                                    " != the model's num_key_value_heads x head_dim " +
-                                   std::to_string(m.kv_width()) + " (DraftCache::create_for)");
+                                   std::to_string(m.kv_width()) + " (" + cache_type +
+                                   "::create_for)");
   }
   if (requests.empty()) return Status::InvalidArgument(fn + "no requests (batch of 0)");
   for (size_t b = 0; b < requests.size(); ++b) {
     if (!cache->has_request(requests[b])) {
       return Status::InvalidArgument(fn + "requests[" + std::to_string(b) +
                                      "] = " + std::to_string(requests[b]) +
-                                     " is not in the cache (DraftCache::add_request)");
+                                     " is not in the cache (" + cache_type + "::add_request)");
     }
     for (size_t a = 0; a < b; ++a) {
       if (requests[a] == requests[b]) {
@@ -517,8 +523,8 @@ inline Status check_token(std::string const& fn, DraftCpuModel const& m, size_t 
   return Status::Ok();
 }
 
-inline Status check_position(std::string const& fn, DraftCpuModel const& m, RequestId id,
-                             int64_t last_position) {
+template <class Model>
+Status check_position(std::string const& fn, Model const& m, RequestId id, int64_t last_position) {
   if (last_position >= m.config.max_position_embeddings) {
     return Status::InvalidArgument(fn + "request " + std::to_string(id) + ": position " +
                                    std::to_string(last_position) +
@@ -547,7 +553,8 @@ inline Status draft_extend(CpuExecutor, DraftCpuModel const& model, DraftCache* 
                            std::vector<float>* hidden_last, std::vector<float>* logits_last) {
   std::string const fn = "draft_extend (cpu): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::check_batch(fn, model, cache, requests));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::check_batch(fn, model, cache, requests, "load_draft_cpu_model", "DraftCache"));
     if (hidden_last == nullptr || logits_last == nullptr) {
       return Status::InvalidArgument(fn + "hidden_last or logits_last is null");
     }
@@ -640,7 +647,8 @@ inline Status draft_step(CpuExecutor, DraftCpuModel const& model, DraftCache* ca
                          std::vector<float>* logits, std::vector<int32_t>* scratch_index) {
   std::string const fn = "draft_step (cpu): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::check_batch(fn, model, cache, requests));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::check_batch(fn, model, cache, requests, "load_draft_cpu_model", "DraftCache"));
     if (hidden == nullptr || logits == nullptr || scratch_index == nullptr) {
       return Status::InvalidArgument(fn + "hidden, logits or scratch_index is null");
     }

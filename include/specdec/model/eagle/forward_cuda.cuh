@@ -835,46 +835,6 @@ struct CallRows {
   RowsMeta meta;
 };
 
-inline Status check_call(std::string const& fn, DraftCudaModel const& m,
-                         DraftCudaCache const* cache, std::span<RequestId const> requests) {
-  if (!m.loaded()) {
-    return Status::InvalidArgument(fn + "the model is not loaded (load_draft_cuda_model)");
-  }
-  if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
-  if (cache->kv_width() != m.kv_width()) {
-    return Status::InvalidArgument(fn + "cache kv_width " + std::to_string(cache->kv_width()) +
-                                   " != the model's num_key_value_heads x head_dim " +
-                                   std::to_string(m.kv_width()) + " (DraftCudaCache::create_for)");
-  }
-  if (requests.empty()) return Status::InvalidArgument(fn + "no requests (batch of 0)");
-  for (size_t b = 0; b < requests.size(); ++b) {
-    if (!cache->has_request(requests[b])) {
-      return Status::InvalidArgument(fn + "requests[" + std::to_string(b) +
-                                     "] = " + std::to_string(requests[b]) +
-                                     " is not in the cache (DraftCudaCache::add_request)");
-    }
-    for (size_t a = 0; a < b; ++a) {
-      if (requests[a] == requests[b]) {
-        return Status::InvalidArgument(fn + "request " + std::to_string(requests[b]) +
-                                       " appears twice in the batch (rows " + std::to_string(a) +
-                                       " and " + std::to_string(b) + ")");
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-inline Status check_position_cuda(std::string const& fn, DraftCudaModel const& m, RequestId id,
-                                  int64_t last_position) {
-  if (last_position >= m.config.max_position_embeddings) {
-    return Status::InvalidArgument(fn + "request " + std::to_string(id) + ": position " +
-                                   std::to_string(last_position) +
-                                   " is past the draft's max_position_embeddings " +
-                                   std::to_string(m.config.max_position_embeddings));
-  }
-  return Status::Ok();
-}
-
 // Size, then device memory (a non-empty span).
 template <class T>
 Status check_span(std::string const& fn, char const* what, std::span<T> got, int64_t want,
@@ -1072,7 +1032,8 @@ inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache
                            std::span<float> hidden_last, std::span<float> logits_last) {
   std::string const fn = "draft_extend (cuda): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::check_call(fn, model, cache, requests));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::check_batch(fn, model, cache, requests, "load_draft_cuda_model", "DraftCudaCache"));
     int64_t const B = static_cast<int64_t>(requests.size()), H = model.hidden();
     int64_t const F = model.feature_width(), Vd = model.draft_vocab();
     if (counts.size() != requests.size()) {
@@ -1109,7 +1070,7 @@ inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache
       DraftCudaCache::Sequence* seq = cache->find(requests[b]);
       seqs[static_cast<size_t>(b)] = seq;
       SPECDEC_RETURN_IF_ERROR(
-          detail::check_position_cuda(fn, model, requests[b], seq->length + counts[b] - 1));
+          detail::check_position(fn, model, requests[b], seq->length + counts[b] - 1));
       if (seq->length + counts[b] > cache->max_length()) {
         return Status::InvalidArgument(
             fn + "request " + std::to_string(requests[b]) + ": length " +
@@ -1165,7 +1126,8 @@ inline Status draft_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* 
                          std::span<float> logits, std::vector<int32_t>* scratch_index) {
   std::string const fn = "draft_step (cuda): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::check_call(fn, model, cache, requests));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::check_batch(fn, model, cache, requests, "load_draft_cuda_model", "DraftCudaCache"));
     if (scratch_index == nullptr) return Status::InvalidArgument(fn + "scratch_index is null");
     if (branches < 1) {
       return Status::InvalidArgument(fn + "branches " + std::to_string(branches) + " must be >= 1");
@@ -1210,7 +1172,7 @@ inline Status draft_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* 
         }
         depth[r] = p < 0 ? 0 : seq->scratch_depth[static_cast<size_t>(p)] + 1;
         SPECDEC_RETURN_IF_ERROR(
-            detail::check_position_cuda(fn, model, requests[b], seq->length + depth[r]));
+            detail::check_position(fn, model, requests[b], seq->length + depth[r]));
         chain.clear();
         for (int32_t a = p; a >= 0; a = seq->scratch_parent[static_cast<size_t>(a)]) {
           chain.push_back(a);
