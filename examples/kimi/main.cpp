@@ -26,7 +26,7 @@
 //       an error naming the fix, and the effective configuration is printed in one line on
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
-//       on the GPU; the EAGLE draft on the host). --json prints one object: output_ids,
+//       and the EAGLE draft on the GPU). --json prints one object: output_ids,
 //       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
 //       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
 //       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
@@ -53,6 +53,7 @@
 
 #if defined(__CUDACC__)
 #include "specdec/core/cuda.cuh"
+#include "specdec/model/eagle/forward_cuda.cuh"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #endif
 #include "specdec/core/dispatch.hpp"
@@ -310,20 +311,38 @@ void add_metrics(specdec::engine::SpecMetrics const& m, nlohmann::json* j) {
                     {"verify", m.verify_s},   {"commit", m.commit_s}, {"extend", m.extend_s}};
 }
 
-// One request through SpecEngine<P, Exec>: draft loaded for P (over the target's fp32 host
-// tensors `target_tensors`), self-check, generation.
+// The draft for P on the executor of `target`: the CPU draft over the target's host tensors, or
+// the CUDA draft over its device tensors.
+template <class P>
+Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
+                  specdec::model::kimi::KimiCpuModel const& target,
+                  specdec::model::eagle::DraftCpuModel* draft) {
+  namespace eagle = specdec::model::eagle;
+  return eagle::load_draft_cpu_model(g.draft_path, m.config, eagle::target_tensors_of(target),
+                                     P::kKind, P::Layers::ids(), specdec::describe<P>(), draft);
+}
+#if defined(__CUDACC__)
+template <class P>
+Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
+                  specdec::model::kimi::KimiCudaModel const& target,
+                  specdec::model::eagle::DraftCudaModel* draft) {
+  namespace eagle = specdec::model::eagle;
+  return eagle::load_draft_cuda_model(g.draft_path, m.config, eagle::cuda_target_tensors_of(target),
+                                      P::kKind, P::Layers::ids(), specdec::describe<P>(), draft);
+}
+#endif
+
+// One request through SpecEngine<P, Exec>: draft loaded for P on Exec (load_draft), self-check,
+// generation.
 template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                  specdec::model::eagle::TargetTensors const& target_tensors,
                   std::vector<int32_t> const& ids, nlohmann::json* j) {
-  namespace eagle = specdec::model::eagle;
   using Engine = specdec::engine::SpecEngine<P, Exec>;
-  eagle::DraftCpuModel draft;
+  std::remove_const_t<typename Engine::DraftModel> draft;
   if constexpr (Engine::kDraftsWithModel) {
     specdec::io::ProgressBar bar("load draft " + g.draft_path);
-    Status const s = eagle::load_draft_cpu_model(g.draft_path, m.config, target_tensors, P::kKind,
-                                                 P::Layers::ids(), specdec::describe<P>(), &draft);
+    Status const s = load_draft<P>(g, m, *target, &draft);
     bar.finish();
     SPECDEC_RETURN_IF_ERROR(s);
   }
@@ -463,8 +482,7 @@ int generate(int argc, char** argv) {
     s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CpuExecutor>(
-          g, m, &target, specdec::model::eagle::target_tensors_of(target), ids, &j);
+      return run_engine<P, specdec::CpuExecutor>(g, m, &target, ids, &j);
     });
     if (!s.ok()) return finish(s);
   }
@@ -473,13 +491,8 @@ int generate(int argc, char** argv) {
     specdec::model::kimi::KimiCudaModel target;
     s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &target);
     if (!s.ok()) return finish(s);
-    specdec::model::eagle::HostTargetTensors host;  // what the (host) draft reads
-    if (drafts_with_model) {
-      s = specdec::model::eagle::host_target_tensors(m.weights, m.config, &host);
-      if (!s.ok()) return finish(s);
-    }
     s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CudaExecutor>(g, m, &target, host.view(), ids, &j);
+      return run_engine<P, specdec::CudaExecutor>(g, m, &target, ids, &j);
     });
     if (!s.ok()) return finish(s);
   }

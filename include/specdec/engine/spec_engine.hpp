@@ -2,8 +2,8 @@
 // strategy (EAGLE3, EAGLE, NGRAM, NONE) proposing for the Kimi-K2.5 / DeepseekV3 target.
 //
 //   SpecEngine<P, CpuExecutor> engine;
-//   SpecEngine<P, CpuExecutor>::create(&target, &draft (EAGLE3 / EAGLE) or nullptr, options,
-//                                      &engine);
+//   SpecEngine<P, CpuExecutor>::create(&target, &draft (EAGLE3 / EAGLE; DraftModel) or nullptr,
+//                                      options, &engine);
 //   engine.generate(requests [R], &results [R], &total);
 //
 // Requests may differ in prompt length, max_new_tokens and sampling settings; they run as one
@@ -38,15 +38,25 @@
 // fit the policy (algorithm, layer set and order, feature width, vocabulary), a request with an
 // empty prompt, an id outside the vocabulary, max_new_tokens < 1, prompt + max_new_tokens +
 // kPathCapacity - 1 past max_position_embeddings (the target's, and the draft's), a
-// temperature that is negative or not finite, top_p outside (0, 1].
+// temperature that is negative or not finite, top_p outside (0, 1]; on the CUDA executor, a
+// tree the CUDA draft_select kernels do not take (topk outside {1, 2, 4, 8}, more than 2048
+// candidates), and a token outside the vocabulary that the draft met on the device
+// (draft_device_errors).
 //
 // Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
 //   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU references
 //   SpecEngine<P, CudaExecutor>  (CUDA translation units) the CUDA Kimi forward, verify and
-//                                kv_commit kernels on the device logits and cache; proposals,
-//                                tree_build and the EAGLE draft run on the host (the draft's
-//                                CUDA forward does not exist yet), and the host reads each step's
-//                                acceptance back
+//                                kv_commit kernels on the device logits and cache, and the EAGLE
+//                                draft on the device (DraftCudaModel, model/eagle/forward_cuda.cuh:
+//                                extend on the target's aux rows gathered on the device, steps,
+//                                draft_expand / draft_finalize's CUDA kernels); the host reads
+//                                back each draft step's next_branch [B, K] (the draft's scratch
+//                                tree is host metadata), the proposal's tokens / parents [B, N]
+//                                and each step's acceptance; n-gram lookup and tree_build run on
+//                                the host. draft_device_errors is read once per proposal.
+// The draft model is the executor's (SpecEngine::DraftModel): DraftCpuModel const on the CPU,
+// DraftCudaModel on CUDA (non-const: its calls use its scratch, so one engine's generate calls,
+// and any other use of that draft, must not overlap).
 #pragma once
 
 #include <algorithm>
@@ -77,6 +87,7 @@
 #if defined(__CUDACC__)
 #include "specdec/core/cuda.cuh"
 #include "specdec/engine/target_cuda.cuh"
+#include "specdec/model/eagle/forward_cuda.cuh"
 #endif
 
 namespace specdec::engine {
@@ -164,6 +175,214 @@ struct TargetFor<CudaExecutor> {
 };
 #endif
 
+// The EAGLE draft model of each executor (model/eagle/forward_cpu.hpp, forward_cuda.cuh; the
+// CUDA draft's calls change its scratch, so the engine holds it non-const), and its state during
+// one generate.
+template <class Exec>
+struct DraftFor {
+  static_assert(kDependentFalse<Exec>, "SpecEngine: no draft model for this executor");
+};
+
+// The host draft's state during one generate: its cache and each request's last extend row
+// (hidden [H], logits [Vd]), indexed by request.
+struct HostDraftRun {
+  model::eagle::DraftCache cache;
+  std::vector<std::vector<float>> hidden, logits;
+};
+
+template <>
+struct DraftFor<CpuExecutor> {
+  using Model = model::eagle::DraftCpuModel const;
+  using Run = HostDraftRun;
+};
+
+#if defined(__CUDACC__)
+// The CUDA draft's state during one generate, all on the device but the small per-step arrays:
+// its cache (one slot per request), the last extend's hidden / logits rows [B, H] / [B, Vd] in the
+// order of that extend's batch (the next proposal's batch, which propose checks), and the
+// proposal's buffers, sized once for R requests.
+//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device)
+//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): draft_expand at step 0 on
+//       the extend's logits; for each later step the host reads next_branch [B, K] back (the
+//       draft's parent_scratch is a host array), gathers the parents' hidden rows on the device
+//       and runs draft_step on the K frontier tokens (device); draft_finalize on the device, then
+//       tokens / parents / status [B, N] / [B] to the host, and draft_device_errors (the one
+//       check of the tokens the draft read since the last proposal).
+class CudaDraftRun {
+ public:
+  using Model = model::eagle::DraftCudaModel;
+  model::eagle::DraftCudaCache cache;
+
+  // R requests of up to max_length draft entries (prompt + new tokens + path capacity), the
+  // largest extend of extend_rows entries; topk K, steps S, nodes N of the policy.
+  Status create(Model* model, CudaExecutor exec, int R, int64_t max_length, int64_t extend_rows,
+                int K, int S, int N) {
+    model_ = model;
+    exec_ = exec;
+    topk_ = K;
+    steps_ = S;
+    nodes_ = N;
+    int64_t const H = model->hidden(), Vd = model->draft_vocab();
+    size_t const r = static_cast<size_t>(R), RK = r * static_cast<size_t>(K);
+    size_t const RC = r * static_cast<size_t>(ops::draft_candidate_count(K, S));
+    SPECDEC_RETURN_IF_ERROR(model::eagle::DraftCudaCache::create_for(model->config, R, max_length,
+                                                                     int64_t{S} * K, &cache));
+    SPECDEC_RETURN_IF_ERROR(model::eagle::reserve_draft_scratch(
+        *model, std::max<int64_t>(extend_rows, static_cast<int64_t>(RK)), S));
+    SPECDEC_RETURN_IF_ERROR(hidden_last_.reserve(r * H));
+    SPECDEC_RETURN_IF_ERROR(logits_last_.reserve(r * Vd));
+    SPECDEC_RETURN_IF_ERROR(parent_hidden_.reserve(RK * H));
+    SPECDEC_RETURN_IF_ERROR(step_hidden_.reserve(RK * H));
+    SPECDEC_RETURN_IF_ERROR(step_logits_.reserve(RK * Vd));
+    SPECDEC_RETURN_IF_ERROR(cand_scores_.reserve(RC));
+    SPECDEC_RETURN_IF_ERROR(cand_tokens_.reserve(RC));
+    SPECDEC_RETURN_IF_ERROR(cand_parent_.reserve(RC));
+    for (auto* b : {&next_scores_, &frontier_scores_}) SPECDEC_RETURN_IF_ERROR(b->reserve(RK));
+    for (auto* b : {&next_slots_, &next_tokens_, &next_draft_, &next_branch_, &frontier_slots_}) {
+      SPECDEC_RETURN_IF_ERROR(b->reserve(RK));
+    }
+    size_t const RN = r * static_cast<size_t>(N);
+    for (auto* b : {&out_tokens_, &out_parents_, &node_slot_})
+      SPECDEC_RETURN_IF_ERROR(b->reserve(RN));
+    SPECDEC_RETURN_IF_ERROR(status_.reserve(r));
+    // draft_expand's workspace, zeroed once (its launches leave it zeroed).
+    workspace_bytes_ = ops::draft_expand_workspace_bytes(R, static_cast<int>(Vd), K);
+    SPECDEC_RETURN_IF_ERROR(workspace_.reserve((workspace_bytes_ + 7) / 8));
+    workspace_bytes_ = (workspace_bytes_ + 7) / 8 * 8;
+    SPECDEC_CUDA_TRY(cudaMemsetAsync(workspace_.data(), 0, workspace_bytes_, exec_.stream));
+    return Status::Ok();
+  }
+
+  Status extend(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> counts,
+                std::span<int32_t const> tokens, std::span<float const> features) {
+    int64_t const B = static_cast<int64_t>(ids.size());
+    int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
+    int32_t* d_tokens = nullptr;
+    SPECDEC_RETURN_IF_ERROR(tokens_.put(tokens.data(), tokens.size(), exec_.stream, &d_tokens));
+    SPECDEC_RETURN_IF_ERROR(
+        model::eagle::draft_extend(exec_, *model_, &cache, ids, counts, {d_tokens, tokens.size()},
+                                   features, {hidden_last_.data(), static_cast<size_t>(B * H)},
+                                   {logits_last_.data(), static_cast<size_t>(B * Vd)}));
+    extended_.assign(ids.begin(), ids.end());
+    // The host waits, so that the extend's phase time holds its GPU work (as the target's
+    // forwards do, engine/target_cuda.cuh).
+    SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
+    return Status::Ok();
+  }
+
+  Status propose(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
+                 std::vector<int32_t>* tokens, std::vector<int32_t>* parents) {
+    int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
+    if (!std::equal(ids.begin(), ids.end(), extended_.begin(), extended_.end())) {
+      return Status::Internal(
+          "SpecEngine (cuda): the proposal's batch is not the last draft extend's");
+    }
+    int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
+    size_t const BK = static_cast<size_t>(B) * K, BN = static_cast<size_t>(B) * N;
+    cudaStream_t const stream = exec_.stream;
+    // Step 0's frontier: the root of every request (score 0, slot -1).
+    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_scores_.data(), 0, sizeof(float) * B, stream));
+    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_slots_.data(), 0xff, sizeof(int32_t) * B, stream));
+    ops::DraftSelectBuffers buffers;
+    buffers.batch = B;
+    buffers.vocab = static_cast<int>(Vd);
+    buffers.topk = K;
+    buffers.steps = S;
+    buffers.cand_tokens = cand_tokens_.data();
+    buffers.cand_scores = cand_scores_.data();
+    buffers.cand_parent = cand_parent_.data();
+    buffers.next_scores = next_scores_.data();
+    buffers.next_slots = next_slots_.data();
+    buffers.next_tokens = next_tokens_.data();
+    buffers.next_draft_tokens = next_draft_.data();
+    buffers.next_branch = next_branch_.data();
+    buffers.workspace = workspace_.data();
+    buffers.workspace_bytes = workspace_bytes_;
+    int64_t const* d2t = model_->d2t.empty() ? nullptr : model_->d2t_device;
+    // The branches' hidden rows [B * branches, H] and logits; their scratch indices (host).
+    float const* hidden = hidden_last_.data();
+    float const* logits = logits_last_.data();
+    std::vector<int32_t> scratch(static_cast<size_t>(B), -1), next_branch(BK), parent_scratch(BK);
+    std::vector<int64_t> from(BK);
+    int branches = 1;
+    for (int s = 0; s < S; ++s) {
+      if (s > 0) {
+        // Each frontier branch i extends branch next_branch[i] of the previous forward.
+        for (int b = 0; b < B; ++b) {
+          for (int i = 0; i < K; ++i) {
+            size_t const at = static_cast<size_t>(b) * K + i;
+            from[at] = int64_t{b} * branches + next_branch[at];
+            parent_scratch[at] = scratch[static_cast<size_t>(from[at])];
+          }
+        }
+        int64_t* d_from = nullptr;
+        SPECDEC_RETURN_IF_ERROR(from_.put(from, stream, &d_from));
+        SPECDEC_RETURN_IF_ERROR(gather_rows(hidden, d_from, static_cast<int64_t>(BK), H,
+                                            parent_hidden_.data(), stream));
+        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_step(
+            exec_, *model_, &cache, ids, K, {next_tokens_.data(), BK},
+            {parent_hidden_.data(), BK * H}, parent_scratch, {step_hidden_.data(), BK * H},
+            {step_logits_.data(), BK * Vd}, &scratch));
+        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_scores_.data(), next_scores_.data(),
+                                         sizeof(float) * BK, cudaMemcpyDeviceToDevice, stream));
+        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_slots_.data(), next_slots_.data(),
+                                         sizeof(int32_t) * BK, cudaMemcpyDeviceToDevice, stream));
+        hidden = step_hidden_.data();
+        logits = step_logits_.data();
+        branches = K;
+      }
+      ops::DraftExpandParams const x =
+          buffers.expand(s, logits, frontier_scores_.data(), frontier_slots_.data(), d2t);
+      SPECDEC_RETURN_IF_ERROR(ops::draft_expand(exec_, x));
+      if (s + 1 < S) {
+        SPECDEC_RETURN_IF_ERROR(next_branch_.get(next_branch.data(), BK, stream));
+        SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
+      }
+    }
+    int32_t* d_roots = nullptr;
+    SPECDEC_RETURN_IF_ERROR(roots_.put(roots.data(), roots.size(), stream, &d_roots));
+    ops::DraftFinalizeParams const f = buffers.finalize(
+        d_roots, N, out_tokens_.data(), out_parents_.data(), node_slot_.data(), status_.data());
+    SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(exec_, f));
+    tokens->assign(BN, -1);
+    parents->assign(BN, -1);
+    std::vector<int32_t> status(static_cast<size_t>(B));
+    SPECDEC_RETURN_IF_ERROR(out_tokens_.get(tokens->data(), BN, stream));
+    SPECDEC_RETURN_IF_ERROR(out_parents_.get(parents->data(), BN, stream));
+    SPECDEC_RETURN_IF_ERROR(status_.get(status.data(), static_cast<size_t>(B), stream));
+    // Waits for the stream (so the copies above have landed).
+    SPECDEC_RETURN_IF_ERROR(model::eagle::draft_device_errors(exec_, *model_));
+    for (int b = 0; b < B; ++b) {
+      if (status[static_cast<size_t>(b)] != ops::kDraftSelectOk) {
+        return Status::Internal("SpecEngine: draft_finalize status " +
+                                std::to_string(status[static_cast<size_t>(b)]) + " for request " +
+                                std::to_string(ids[static_cast<size_t>(b)]));
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Model* model_ = nullptr;
+  CudaExecutor exec_{};
+  int topk_ = 0, steps_ = 0, nodes_ = 0;
+  std::vector<model::kimi::RequestId> extended_;  // the last extend's batch
+  size_t workspace_bytes_ = 0;
+  Staging<float> hidden_last_, logits_last_, parent_hidden_, step_hidden_, step_logits_,
+      cand_scores_, next_scores_, frontier_scores_;
+  Staging<int32_t> tokens_, roots_, cand_tokens_, cand_parent_, next_slots_, next_tokens_,
+      next_draft_, next_branch_, frontier_slots_, out_tokens_, out_parents_, node_slot_, status_;
+  Staging<int64_t> from_;
+  Staging<uint64_t> workspace_;
+};
+
+template <>
+struct DraftFor<CudaExecutor> {
+  using Model = model::eagle::DraftCudaModel;
+  using Run = CudaDraftRun;
+};
+#endif
+
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -177,7 +396,8 @@ class SpecEngine {
   using Policy = P;
   using Target = typename detail::TargetFor<Exec>::type;
   using TargetModel = typename Target::Model;
-  using DraftModel = model::eagle::DraftCpuModel;
+  // DraftCpuModel const (CpuExecutor), DraftCudaModel (CudaExecutor).
+  using DraftModel = typename detail::DraftFor<Exec>::Model;
   static constexpr DraftKind kKind = P::kKind;
   // EAGLE3 and EAGLE draft with a model (model/eagle), the others without.
   static constexpr bool kDraftsWithModel =
@@ -187,8 +407,10 @@ class SpecEngine {
   static constexpr int kSteps = P::kSteps;
   // Deepest accepted path + 1: an n-gram tree may be a chain of all N nodes.
   static constexpr int kPathCapacity = kKind == DraftKind::kNGram ? kNodes : kSteps + 1;
+  // The draft runs on the host (CpuExecutor) or on the device (CudaExecutor).
+  static constexpr bool kHostDraft = std::is_same_v<Exec, CpuExecutor>;
 
-  static Status create(TargetModel* target, DraftModel const* draft, EngineOptions const& options,
+  static Status create(TargetModel* target, DraftModel* draft, EngineOptions const& options,
                        SpecEngine* out, Exec exec = Exec{}) {
     std::string const fn = "SpecEngine<" + describe<P>() + ">::create: ";
     auto bad = [&](std::string m) { return Status::InvalidArgument(fn + m); };
@@ -223,6 +445,20 @@ class SpecEngine {
       if (draft->vocab() != target->config.vocab_size) {
         return bad("the draft maps to a vocabulary of " + std::to_string(draft->vocab()) +
                    " ids, the target has " + std::to_string(target->config.vocab_size));
+      }
+      if constexpr (!kHostDraft) {
+        // The CUDA draft_select kernels' limits (ops/draft_select/params.hpp).
+        if (!ops::draft_topk_supported(kTopK)) {
+          return Status::Unsupported(fn + "topk " + std::to_string(kTopK) +
+                                     " has no CUDA draft_expand kernel: use one of " +
+                                     ops::kDraftSelectTopKList);
+        }
+        if (ops::draft_candidate_count(kTopK, kSteps) > ops::kDraftFinalizeMaxCandidates) {
+          return Status::Unsupported(
+              fn + "topk + (steps - 1) * topk^2 = " +
+              std::to_string(ops::draft_candidate_count(kTopK, kSteps)) + " candidates exceed " +
+              std::to_string(ops::kDraftFinalizeMaxCandidates) + ", CUDA draft_finalize's limit");
+        }
       }
     } else if (draft != nullptr) {
       return bad(std::string(P::kName) + " takes no draft model, but one was given");
@@ -279,12 +515,11 @@ class SpecEngine {
     std::span<GenerationRequest const> requests;
     int64_t V;
     std::vector<GenerationResult> results;
-    std::vector<std::vector<int32_t>> history;  // prompt + output per request
-    std::vector<int> active;                    // running request indices, increasing
-    Target target;                              // target KV; RequestId = request index
-    model::eagle::DraftCache draft_cache;       // EAGLE3 / EAGLE
-    std::vector<std::vector<float>> draft_logits, draft_hidden;  // the last extend's row
-    SpecMetrics batch_time;  // phase times, once per batch phase
+    std::vector<std::vector<int32_t>> history;   // prompt + output per request
+    std::vector<int> active;                     // running request indices, increasing
+    Target target;                               // target KV; RequestId = request index
+    typename detail::DraftFor<Exec>::Run draft;  // EAGLE3 / EAGLE: cache, last extend rows
+    SpecMetrics batch_time;                      // phase times, once per batch phase
 
     Run(SpecEngine const& engine, std::span<GenerationRequest const> reqs)
         : e(engine),
@@ -293,9 +528,7 @@ class SpecEngine {
           V(cfg.vocab_size),
           results(reqs.size()),
           history(reqs.size()),
-          target(engine.target_, engine.exec_),
-          draft_logits(reqs.size()),
-          draft_hidden(reqs.size()) {
+          target(engine.target_, engine.exec_) {
       for (GenerationResult& r : results) r.metrics.reserve_depth(kPathCapacity - 1);
       batch_time.reserve_depth(kPathCapacity - 1);
     }
@@ -352,9 +585,22 @@ class SpecEngine {
       std::vector<int> all(static_cast<size_t>(R));
       std::iota(all.begin(), all.end(), 0);
       std::vector<int32_t> counts, tokens;
-      if constexpr (kDraftsWithModel) {
+      if constexpr (kDraftsWithModel && kHostDraft) {
         SPECDEC_RETURN_IF_ERROR(
-            model::eagle::DraftCache::create_for(e.draft_->config, &draft_cache));
+            model::eagle::DraftCache::create_for(e.draft_->config, &draft.cache));
+        draft.hidden.resize(static_cast<size_t>(R));
+        draft.logits.resize(static_cast<size_t>(R));
+      } else if constexpr (kDraftsWithModel) {
+        // Entries per request: prompt + new tokens + the speculative positions past them.
+        int64_t max_length = 1, prompt_rows = 0;
+        for (GenerationRequest const& q : requests) {
+          int64_t const n = static_cast<int64_t>(q.prompt.size());
+          max_length = std::max(max_length, n + q.max_new_tokens + kPathCapacity);
+          prompt_rows += n;
+        }
+        SPECDEC_RETURN_IF_ERROR(draft.create(e.draft_, e.exec_, R, max_length,
+                                             std::max<int64_t>(prompt_rows, int64_t{R} * kNodes),
+                                             kTopK, kSteps, kNodes));
       }
       for (int r = 0; r < R; ++r) {
         SPECDEC_RETURN_IF_ERROR(cache.add_request(r));
@@ -365,7 +611,7 @@ class SpecEngine {
         tokens.insert(tokens.end(), prompt.begin(), prompt.end());
         history[static_cast<size_t>(r)] = prompt;
         if constexpr (kDraftsWithModel) {
-          SPECDEC_RETURN_IF_ERROR(draft_cache.add_request(r));
+          SPECDEC_RETURN_IF_ERROR(draft.cache.add_request(r));
         }
       }
       auto const ids = ids_of(all);
@@ -397,32 +643,41 @@ class SpecEngine {
           d_tokens.insert(d_tokens.end(), h.begin() + 1, h.begin() + T + 1);
           for (int64_t i = 0; i < T; ++i) rows.push_back(first_row[static_cast<size_t>(r)] + i);
         }
-        std::vector<float> d_features;
-        SPECDEC_RETURN_IF_ERROR(target.aux_rows(rows, &d_features));
-        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_features));
+        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, rows));
       }
       add_time(&SpecMetrics::prefill_s, detail::seconds_since(t0), all);
       return Status::Ok();
     }
 
-    // The draft consumes tokens [sum counts] with features [sum counts, F] for batch;
-    // keeps each request's last hidden / logits row for the next proposal.
+    // The draft consumes tokens [sum counts] with the features of the last target forward's
+    // rows `rows` [sum counts] for batch; keeps each request's last hidden / logits row for the
+    // next proposal (on the host, or on the device for the CUDA draft, whose features are
+    // gathered on the device).
     Status extend(std::span<int const> batch, std::vector<int32_t> const& counts,
-                  std::vector<int32_t> const& tokens, std::vector<float> const& features) {
+                  std::vector<int32_t> const& tokens, std::vector<int64_t> const& rows) {
       if (batch.empty()) return Status::Ok();
       auto const ids = ids_of(batch);
-      std::vector<float> hidden, logits;
-      SPECDEC_RETURN_IF_ERROR(model::eagle::draft_extend(
-          CpuExecutor{}, *e.draft_, &draft_cache, ids, counts, tokens, features, &hidden, &logits));
-      int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
-      for (size_t b = 0; b < batch.size(); ++b) {
-        size_t const r = static_cast<size_t>(batch[b]);
-        draft_hidden[r].assign(hidden.begin() + static_cast<int64_t>(b) * H,
-                               hidden.begin() + static_cast<int64_t>(b + 1) * H);
-        draft_logits[r].assign(logits.begin() + static_cast<int64_t>(b) * Vd,
-                               logits.begin() + static_cast<int64_t>(b + 1) * Vd);
+      if constexpr (!kHostDraft) {
+        std::span<float const> features;
+        SPECDEC_RETURN_IF_ERROR(target.gather_aux_rows(rows, &features));
+        return draft.extend(ids, counts, tokens, features);
+      } else {
+        std::vector<float> features;
+        SPECDEC_RETURN_IF_ERROR(target.aux_rows(rows, &features));
+        std::vector<float> hidden, logits;
+        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_extend(CpuExecutor{}, *e.draft_, &draft.cache,
+                                                           ids, counts, tokens, features, &hidden,
+                                                           &logits));
+        int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
+        for (size_t b = 0; b < batch.size(); ++b) {
+          size_t const r = static_cast<size_t>(batch[b]);
+          draft.hidden[r].assign(hidden.begin() + static_cast<int64_t>(b) * H,
+                                 hidden.begin() + static_cast<int64_t>(b + 1) * H);
+          draft.logits[r].assign(logits.begin() + static_cast<int64_t>(b) * Vd,
+                                 logits.begin() + static_cast<int64_t>(b + 1) * Vd);
+        }
+        return Status::Ok();
       }
-      return Status::Ok();
     }
 
     // Propose for the batch: tokens / parents [B, N], node_count [B].
@@ -461,6 +716,11 @@ class SpecEngine {
         p.out_parents = parents->data();
         p.out_node_count = node_count->data();
         return ops::ngram_lookup(CpuExecutor{}, p);
+      } else if constexpr (kDraftsWithModel && !kHostDraft) {
+        std::vector<int32_t> roots(static_cast<size_t>(B));
+        for (int b = 0; b < B; ++b)
+          roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
+        return draft.propose(ids_of(batch), roots, tokens, parents);
       } else if constexpr (kDraftsWithModel) {
         return propose_with_draft(batch, tokens, parents);
       } else {
@@ -486,8 +746,8 @@ class SpecEngine {
       std::vector<int32_t> scratch(static_cast<size_t>(B), -1);
       for (int b = 0; b < B; ++b) {
         size_t const r = static_cast<size_t>(batch[b]);
-        std::copy(draft_logits[r].begin(), draft_logits[r].end(), logits.begin() + b * Vd);
-        std::copy(draft_hidden[r].begin(), draft_hidden[r].end(), hidden.begin() + b * H);
+        std::copy(draft.logits[r].begin(), draft.logits[r].end(), logits.begin() + b * Vd);
+        std::copy(draft.hidden[r].begin(), draft.hidden[r].end(), hidden.begin() + b * H);
       }
       ops::DraftSelectBuffers const buffers{B,
                                             static_cast<int>(Vd),
@@ -515,7 +775,7 @@ class SpecEngine {
             }
           }
           SPECDEC_RETURN_IF_ERROR(
-              model::eagle::draft_step(CpuExecutor{}, *e.draft_, &draft_cache, ids, K, next_tokens,
+              model::eagle::draft_step(CpuExecutor{}, *e.draft_, &draft.cache, ids, K, next_tokens,
                                        parent_hidden, parent_scratch, &hidden, &logits, &scratch));
           frontier_scores = next_scores;
           frontier_slots = next_slots;
@@ -651,9 +911,7 @@ class SpecEngine {
       // 6. Draft extend.
       if constexpr (kDraftsWithModel) {
         t = detail::Clock::now();
-        std::vector<float> d_features;
-        SPECDEC_RETURN_IF_ERROR(target.aux_rows(d_rows, &d_features));
-        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_features));
+        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_rows));
         add_time(&SpecMetrics::extend_s, detail::seconds_since(t), active);
       }
       return Status::Ok();
@@ -674,7 +932,7 @@ class SpecEngine {
   };
 
   TargetModel* target_ = nullptr;
-  DraftModel const* draft_ = nullptr;
+  DraftModel* draft_ = nullptr;
   EngineOptions options_;
   Exec exec_{};
 };

@@ -1,20 +1,25 @@
 // The engine's target on the CUDA executor: the Kimi CUDA forward (model/kimi/forward_cuda.cuh)
 // over a device MLA cache, and the CUDA kernels of sample / verify / kv_commit on its device
-// logits. The same calls as CpuTarget (engine/target_cpu.hpp); the arrays they take and give are
-// host arrays: the small per-step arrays (tree, links, sampling, acceptance, page tables) are
-// copied to the device on the executor's stream and the results read back (the host waits once
-// per call), while logits stay on the device. aux_rows copies the requested aux rows to the host
-// (the EAGLE-3 draft runs on the CPU).
+// logits. The same calls as CpuTarget (engine/target_cpu.hpp), except for the aux rows; the arrays
+// they take and give are host arrays: the small per-step arrays (tree, links, sampling,
+// acceptance, page tables) are copied to the device on the executor's stream and the results read
+// back (the host waits once per call), while logits stay on the device.
+//   gather_aux_rows(rows [R] host, &features)   the last forward's aux rows gathered ON THE
+//       DEVICE into a buffer of the target's [R, aux_width] (valid until the next gather; the
+//       CUDA EAGLE draft reads it there, nothing is copied to the host)
+// detail::gather_rows: dst row i = src row rows[i] (device rows and arrays), on a stream.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/math.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
 #include "specdec/engine/batch.hpp"
@@ -67,6 +72,25 @@ class Staging {
  private:
   DeviceBuffer<T> buffer_;
 };
+
+// dst row i = src row rows[i] for i < count, `width` floats each (device arrays).
+static __global__ void gather_rows_kernel(float const* __restrict__ src,
+                                          int64_t const* __restrict__ rows, int64_t count,
+                                          int64_t width, float* __restrict__ dst) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count * width) return;
+  int64_t const r = i / width, j = i % width;
+  dst[i] = src[rows[r] * width + j];
+}
+
+inline Status gather_rows(float const* src, int64_t const* rows, int64_t count, int64_t width,
+                          float* dst, cudaStream_t stream) {
+  int64_t const n = count * width;
+  if (n == 0) return Status::Ok();
+  gather_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
+      src, rows, count, width, dst);
+  return cuda_launch_status("engine gather_rows");
+}
 
 }  // namespace detail
 
@@ -220,15 +244,24 @@ class CudaTarget {
     return finish_commit(ids, status, seq_len, &cache_.table);
   }
 
-  Status aux_rows(std::span<int64_t const> rows, std::vector<float>* out) const {
-    int64_t const F = out_.aux_width;
-    out->resize(rows.size() * static_cast<size_t>(F));
-    for (size_t i = 0; i < rows.size(); ++i) {
-      SPECDEC_CUDA_TRY(cudaMemcpyAsync(out->data() + static_cast<int64_t>(i) * F,
-                                       out_.aux + rows[i] * F, static_cast<size_t>(F) * 4,
-                                       cudaMemcpyDeviceToHost, exec_.stream));
+  // The last forward's aux rows `rows` (host indices into its rows) gathered on the device:
+  // *features = [rows.size(), aux_width] device floats, valid until the next call.
+  Status gather_aux_rows(std::span<int64_t const> rows, std::span<float const>* features) {
+    int64_t const F = out_.aux_width, n = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[i] < 0 || rows[i] >= out_.tokens) {
+        return Status::Internal("CudaTarget::gather_aux_rows: rows[" + std::to_string(i) + "] = " +
+                                std::to_string(rows[i]) + " is outside the last forward's " +
+                                std::to_string(out_.tokens) + " rows");
+      }
     }
-    SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
+    int64_t* d_rows = nullptr;
+    SPECDEC_RETURN_IF_ERROR(aux_index_.put(rows.data(), rows.size(), exec_.stream, &d_rows));
+    SPECDEC_RETURN_IF_ERROR(
+        aux_gathered_.reserve(static_cast<size_t>(std::max<int64_t>(n * F, 1))));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::gather_rows(out_.aux, d_rows, n, F, aux_gathered_.data(), exec_.stream));
+    *features = {aux_gathered_.data(), static_cast<size_t>(n * F)};
     return Status::Ok();
   }
 
@@ -264,11 +297,12 @@ class CudaTarget {
   CudaExecutor exec_;
   model::kimi::KimiCudaCache cache_;
   model::kimi::CudaForwardOutput out_;
-  detail::Staging<float> picked_, temperature_, top_p_;
+  detail::Staging<float> picked_, temperature_, top_p_, aux_gathered_;
   detail::Staging<int32_t> tokens_, status_, top_k_, tree_tokens_, tree_parents_, node_count_,
       depth_, first_child_, next_sibling_, tree_status_, path_, num_accepted_, next_token_, argmax_,
       page_table_, prefix_, seq_len_;
   detail::Staging<uint64_t> seed_, workspace_;
+  detail::Staging<int64_t> aux_index_;
   detail::Staging<uint32_t> step_, request_id_;
 };
 

@@ -45,9 +45,8 @@
 //
 // Public API (namespace specdec::model::eagle):
 //   DraftCpuModel, TargetTensors {embedding [V, Ht], lm_head [V, Ht], final_norm [Ht], eps},
-//   target_tensors_of(KimiCpuModel), HostTargetTensors / host_target_tensors(KimiWeights, config)
-//   (owned copies for a target off the host), load_draft_cpu_model(dir, target_config,
-//   target_tensors, policy_kind, policy_layers, policy_what, &model)
+//   target_tensors_of(KimiCpuModel), load_draft_cpu_model(dir, target_config, target_tensors,
+//   policy_kind, policy_layers, policy_what, &model)
 //   DraftCache (create_for, add_request, free_request, length, scratch_size, clear_scratch)
 //   draft_extend(CpuExecutor, model, &cache, requests [B], counts [B], tokens [sum counts],
 //                features [sum counts, feature_width], *hidden_last [B, H], *logits_last [B, Vd])
@@ -120,28 +119,6 @@ struct TargetTensors {
 
 inline TargetTensors target_tensors_of(kimi::KimiCpuModel const& m) {
   return {m.embed_tokens.data(), m.lm_head.data(), m.norm.data(), m.config.rms_norm_eps};
-}
-
-// The same tensors converted from a checkpoint's views, owned (for a target that is not on the
-// host, e.g. the CUDA executor's).
-struct HostTargetTensors {
-  std::vector<float> embedding, lm_head, final_norm;
-  double final_norm_eps = 0.0;
-  TargetTensors view() const {
-    return {embedding.data(), lm_head.data(), final_norm.data(), final_norm_eps};
-  }
-};
-
-inline Status host_target_tensors(kimi::KimiWeights const& w, io::DeepseekV3Config const& c,
-                                  HostTargetTensors* out) {
-  int64_t const VH = int64_t{c.vocab_size} * c.hidden_size;
-  SPECDEC_RETURN_IF_ERROR(
-      kimi::detail::view_to_float(w.embed_tokens, VH, "embed_tokens", &out->embedding));
-  SPECDEC_RETURN_IF_ERROR(kimi::detail::view_to_float(w.lm_head, VH, "lm_head", &out->lm_head));
-  SPECDEC_RETURN_IF_ERROR(
-      kimi::detail::view_to_float(w.norm, c.hidden_size, "norm", &out->final_norm));
-  out->final_norm_eps = c.rms_norm_eps;
-  return Status::Ok();
 }
 
 // Every weight as fp32 (row-major [out, in]), converted once.
