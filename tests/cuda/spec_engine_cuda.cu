@@ -62,38 +62,15 @@ using testing::TinyLayers;
 
 using CudaDraft = eagle::DraftCudaModel;
 
-// testing::load_tiny_draft's random draft of the tiny target (seed 5) written into `dir` and
-// loaded on the GPU over `target`'s device tensors.
+// testing::write_tiny_draft's random draft of the tiny target, loaded on the GPU over `target`'s
+// device tensors.
 void load_tiny_cuda_draft(std::filesystem::path const& dir, kimi::KimiCudaModel const& target,
                           CudaDraft* out, DraftKind kind = DraftKind::kEagle3) {
-  bool const eagle3 = kind == DraftKind::kEagle3;
-  std::span<int const> const layers = eagle3 ? TinyLayers::ids() : std::span<int const>{};
-  Status s =
-      eagle::write_random_draft(dir.string(), target.config, layers, /*seed=*/5, {},
-                                eagle3 ? eagle::kEagle3Architecture : eagle::kEagleArchitecture);
+  std::span<int const> const layers = testing::write_tiny_draft(dir, target.config, kind);
+  Status const s = eagle::load_draft_cuda_model(dir.string(), target.config,
+                                                eagle::cuda_target_tensors_of(target), kind, layers,
+                                                "the test policy", out);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = eagle::load_draft_cuda_model(dir.string(), target.config,
-                                   eagle::cuda_target_tensors_of(target), kind, layers,
-                                   "the test policy", out);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-}
-
-// testing::run_engine for the CUDA engine, whose draft is a DraftCudaModel (engine_cases.hpp's
-// harness takes the CPU executor's draft): `requests` through a fresh SpecEngine<P,
-// CudaExecutor> over `target` (and `draft` when P drafts with a model); every step must succeed.
-template <class P>
-std::vector<GenerationResult> run_cuda(kimi::KimiCudaModel* target, CudaDraft* draft,
-                                       std::vector<GenerationRequest> const& requests,
-                                       SpecMetrics* total) {
-  using Engine = SpecEngine<P, CudaExecutor>;
-  Engine e;
-  Status s = Engine::create(target, Engine::kDraftsWithModel ? draft : nullptr, {}, &e);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  std::vector<GenerationResult> out;
-  s = e.generate(requests, &out, total);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  REQUIRE(out.size() == requests.size());
-  return out;
 }
 
 struct Models {
@@ -125,7 +102,7 @@ template <class P>
 std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
                                   SpecMetrics* total = nullptr) {
   CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
-  return run_cuda<P>(&models().gpu, draft, requests, total);
+  return testing::run_engine<P, CudaExecutor>(&models().gpu, draft, requests, total);
 }
 
 // want and got agree, or part at a step where the fp32 CPU executor's top-2 gap is a near-tie.
@@ -304,72 +281,6 @@ int32_t ngram_first_draft(std::vector<int32_t> const& history) {
   return count > 1 ? tokens[1] : -1;
 }
 
-// testing::check_three_token_distribution (engine_cases.hpp) for the CUDA engine, whose draft is a
-// DraftCudaModel (the shared check takes the CPU executor's draft): the first three tokens that
-// SpecEngine<P, CudaExecutor> over `target` (and `draft` when P drafts with a model) samples for
-// `draws` requests like `base` (seeds 7000 + i, batches of 250) follow the exact joint
-// distribution of base's top-k at temperature 1, computed from `oracle`'s logits (the CPU
-// executor): chi-square at p-value 1e-4, nothing outside the top-k support; n-gram drafts are
-// accepted and every draft proposes.
-template <class P>
-void check_three_token_distribution(kimi::KimiCpuModel const& oracle, kimi::KimiCudaModel* target,
-                                    CudaDraft* draft, GenerationRequest const& base, int draws) {
-  CAPTURE(describe<P>());
-  int64_t const V = oracle.config.vocab_size;
-  auto last_logits = [&](std::vector<int32_t> const& tokens) {
-    return testing::last_logits_cpu(oracle, tokens);
-  };
-  // Exact joint distribution of (x1, x2, x3): x1 from the prefill, x2 and x3 from verifies (a
-  // draft accepted at depth 1, then the bonus or a deeper draft, decides x3).
-  using Cell = std::vector<int32_t>;
-  std::map<Cell, double> exact;
-  for (auto const& [x1, p1] :
-       testing::top_k_distribution(last_logits(base.prompt).data(), V, base.top_k)) {
-    std::vector<int32_t> c1 = base.prompt;
-    c1.push_back(x1);
-    for (auto const& [x2, p2] :
-         testing::top_k_distribution(last_logits(c1).data(), V, base.top_k)) {
-      std::vector<int32_t> c2 = c1;
-      c2.push_back(x2);
-      for (auto const& [x3, p3] :
-           testing::top_k_distribution(last_logits(c2).data(), V, base.top_k)) {
-        exact[{x1, x2, x3}] = p1 * p2 * p3;
-      }
-    }
-  }
-  SpecMetrics total;
-  std::map<Cell, int64_t> seen;
-  int constexpr kBatch = 250;
-  for (int first = 0; first < draws; first += kBatch) {
-    std::vector<GenerationRequest> requests(static_cast<size_t>(std::min(kBatch, draws - first)),
-                                            base);
-    for (size_t i = 0; i < requests.size(); ++i) requests[i].seed = 7000 + first + i;
-    SpecMetrics part;
-    auto const out = run_cuda<P>(target, draft, requests, &part);
-    total.merge(part);
-    for (auto const& r : out) {
-      REQUIRE(r.output_ids.size() == 3);
-      ++seen[r.output_ids];
-    }
-  }
-  std::vector<int64_t> counts;
-  std::vector<double> probs;
-  for (auto const& [cell, p] : exact) {
-    counts.push_back(seen.count(cell) ? seen.at(cell) : 0);
-    probs.push_back(p);
-  }
-  int64_t outside = draws;
-  for (int64_t c : counts) outside -= c;
-  CHECK(outside == 0);  // nothing outside the top-k support
-  auto const [stat, dof] = testing::chi2(counts, probs);
-  double const pv = testing::chi2_pvalue(stat, dof);
-  MESSAGE(describe<P>() << ": chi2 " << stat << " dof " << dof << " p-value " << pv
-                        << ", accepted drafts " << total.accepted() << " of " << total.proposed());
-  CHECK(pv >= 1e-4);
-  if constexpr (P::kKind == DraftKind::kNGram) CHECK(total.accepted() > 0);
-  if constexpr (P::kKind != DraftKind::kNone) CHECK(total.proposed() > 0);
-}
-
 TEST_CASE("engine (cuda): sampled speculation keeps the target's distribution of three tokens") {
   // unit.spec_engine's test on the CUDA engine: the GPU engine's draws against the exact joint
   // distribution of (x1, x2, x3) computed from the fp32 CPU executor's logits
@@ -418,9 +329,11 @@ TEST_CASE("engine (cuda): sampled speculation keeps the target's distribution of
   GenerationRequest base = greedy_request(window(end), 3);
   base.temperature = 1.0f;
   base.top_k = kSampleTopK;
-  check_three_token_distribution<Plain>(a.cpu, &a.gpu, nullptr, base, 3000);
-  check_three_token_distribution<NG<Chain<3>>>(a.cpu, &a.gpu, nullptr, base, 3000);
-  check_three_token_distribution<E3<TreeShape<2, 2, 4>>>(a.cpu, &a.gpu, &a.draft, base, 3000);
+  testing::check_three_token_distribution<Plain, CudaExecutor>(a.cpu, &a.gpu, nullptr, base, 3000);
+  testing::check_three_token_distribution<NG<Chain<3>>, CudaExecutor>(a.cpu, &a.gpu, nullptr, base,
+                                                                      3000);
+  testing::check_three_token_distribution<E3<TreeShape<2, 2, 4>>, CudaExecutor>(
+      a.cpu, &a.gpu, &a.draft, base, 3000);
 }
 
 }  // namespace

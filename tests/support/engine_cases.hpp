@@ -33,20 +33,27 @@ template <class Tree>
 using NG = SpecPolicy<NGram, Layers<>, Tree, Eager>;
 using Plain = SpecPolicy<NoDraft, Layers<>, NoTree, Eager>;
 
-// Writes a random draft of the tiny target into `dir` (seed 5) and loads it over `target`'s
-// tensors: EAGLE-3 over TinyLayers, or EAGLE-1/2 (kind kEagle).
+// Writes a random draft of the tiny target into `dir` (seed 5): EAGLE-3 over TinyLayers, or
+// EAGLE-1/2 (kind kEagle). Returns the layer set it reads (the policy's).
+inline std::span<int const> write_tiny_draft(std::filesystem::path const& dir,
+                                             io::DeepseekV3Config const& target, DraftKind kind) {
+  bool const eagle3 = kind == DraftKind::kEagle3;
+  std::span<int const> const layers = eagle3 ? TinyLayers::ids() : std::span<int const>{};
+  Status const s = model::eagle::write_random_draft(
+      dir.string(), target, layers, /*seed=*/5, {},
+      eagle3 ? model::eagle::kEagle3Architecture : model::eagle::kEagleArchitecture);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  return layers;
+}
+
+// write_tiny_draft, loaded on the CPU over `target`'s tensors.
 inline void load_tiny_draft(std::filesystem::path const& dir,
                             model::kimi::KimiCpuModel const& target,
                             model::eagle::DraftCpuModel* out, DraftKind kind = DraftKind::kEagle3) {
-  bool const eagle3 = kind == DraftKind::kEagle3;
-  std::span<int const> const layers = eagle3 ? TinyLayers::ids() : std::span<int const>{};
-  Status s = model::eagle::write_random_draft(
-      dir.string(), target.config, layers, /*seed=*/5, {},
-      eagle3 ? model::eagle::kEagle3Architecture : model::eagle::kEagleArchitecture);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = model::eagle::load_draft_cpu_model(dir.string(), target.config,
-                                         model::eagle::target_tensors_of(target), kind, layers,
-                                         "the test policy", out);
+  std::span<int const> const layers = write_tiny_draft(dir, target.config, kind);
+  Status const s = model::eagle::load_draft_cpu_model(dir.string(), target.config,
+                                                      model::eagle::target_tensors_of(target), kind,
+                                                      layers, "the test policy", out);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
@@ -55,7 +62,7 @@ inline void load_tiny_draft(std::filesystem::path const& dir,
 template <class P, class Exec>
 std::vector<engine::GenerationResult> run_engine(
     typename engine::SpecEngine<P, Exec>::TargetModel* target,
-    model::eagle::DraftCpuModel const* draft,
+    typename engine::SpecEngine<P, Exec>::DraftModel* draft,
     std::vector<engine::GenerationRequest> const& requests, engine::SpecMetrics* total) {
   engine::SpecEngine<P, Exec> e;
   Status s = engine::SpecEngine<P, Exec>::create(
@@ -134,7 +141,7 @@ inline std::map<int32_t, double> top_k_distribution(float const* row, int64_t V,
 template <class P, class Exec>
 void check_three_token_distribution(model::kimi::KimiCpuModel const& oracle,
                                     typename engine::SpecEngine<P, Exec>::TargetModel* target,
-                                    model::eagle::DraftCpuModel const* draft,
+                                    typename engine::SpecEngine<P, Exec>::DraftModel* draft,
                                     engine::GenerationRequest const& base, int draws) {
   CAPTURE(describe<P>());
   int64_t const V = oracle.config.vocab_size;
