@@ -13,7 +13,8 @@
 //            layer set P::Layers, EAGLE the last layer's output), the first token drawn
 //            (ops::sample, step 0), then the draft consumes the prompt: draft entry i pairs
 //            token i + 1 with the target's features of token i
-//   per step, for the requests still running (B of them, N = P::kNodes slots each):
+//   per step, for the requests still running (B of them; N slots each: P::kNodes, or fewer when
+//   every n-gram proposal of the step is smaller, N = the largest):
 //     propose  EAGLE3 / EAGLE: the draft's logits of the last extend give step 0; each later
 //              step runs the draft on the topk frontier branches (each branch attends to its own
 //              ancestors' draft KV), ops::draft_expand keeps the best topk by cumulative
@@ -22,8 +23,8 @@
 //              topk merged continuations); fewer than N nodes when little matches.
 //              NONE: the root alone (plain decoding through the same loop).
 //     build    ops::tree_build: masks, depths, positions, links (path capacity kPathCapacity)
-//     verify   the target's tree verify forward over the N slots (slots past an n-gram tree's
-//              node count hold the root token as a child of the root; nothing reads them)
+//     verify   the target's tree verify forward over the N slots (slots past a smaller n-gram
+//              tree's node count hold the root token as a child of the root; nothing reads them)
 //     accept   ops::verify_greedy when every request is greedy, else ops::verify_sample
 //              (lossless for deterministic drafts; Philox keys (seed, request index, step = the
 //              request's output count before the step, node))
@@ -804,15 +805,26 @@ class SpecEngine {
 
     Status step() {
       std::vector<int> const batch = active;
-      int const B = static_cast<int>(batch.size()), N = kNodes, P_cap = kPathCapacity;
-      int const W = mask_words(N);
-      size_t const BN = static_cast<size_t>(B) * N;
+      int const B = static_cast<int>(batch.size());
       auto const ids = ids_of(batch);
 
       // 1. Propose.
       auto t = detail::Clock::now();
       std::vector<int32_t> tokens, parents, node_count;
       SPECDEC_RETURN_IF_ERROR(propose(batch, &tokens, &parents, &node_count));
+      // The step verifies N = the batch's largest proposal (an n-gram lookup may propose fewer
+      // than kNodes, down to the root alone): [B, kNodes] -> [B, N].
+      int const N = *std::max_element(node_count.begin(), node_count.end());
+      if (N < kNodes) {
+        for (int b = 1; b < B; ++b) {
+          std::copy_n(tokens.begin() + int64_t{b} * kNodes, N, tokens.begin() + int64_t{b} * N);
+          std::copy_n(parents.begin() + int64_t{b} * kNodes, N, parents.begin() + int64_t{b} * N);
+        }
+        tokens.resize(static_cast<size_t>(B) * N);
+        parents.resize(static_cast<size_t>(B) * N);
+      }
+      int const W = mask_words(N), P_cap = std::min(kPathCapacity, N);
+      size_t const BN = static_cast<size_t>(B) * N;
       add_time(&SpecMetrics::draft_s, detail::seconds_since(t), batch);
 
       // 2. Build.
@@ -838,8 +850,8 @@ class SpecEngine {
       SPECDEC_RETURN_IF_ERROR(check_tree_status(tree_status.data(), B));
       add_time(&SpecMetrics::build_s, detail::seconds_since(t), batch);
 
-      // 3. Verify forward over all N slots; slots past a tree's node count hold the root token
-      // as a child of the root (valid for the forward, never read by accept or commit).
+      // 3. Verify forward over the N slots; slots past a smaller tree's node count hold the root
+      // token as a child of the root (valid for the forward, never read by accept or commit).
       t = detail::Clock::now();
       std::vector<int32_t> v_tokens = tokens, v_positions = positions;
       std::vector<uint32_t> v_mask = mask;
