@@ -270,8 +270,62 @@ struct DraftSequence {
   }
 };
 
-class DraftCache {
+// The per-request bookkeeping every draft cache shares (DraftCache here, DraftCudaCache in
+// forward_cuda.cuh): requests by id, each a Sequence with length, scratch_size() and
+// clear_scratch(); `name` names the cache in messages.
+template <class Sequence>
+class DraftRequests {
  public:
+  bool has_request(RequestId id) const { return seqs_.count(id) != 0; }
+  Status length(RequestId id, int64_t* out) const {
+    Sequence const* s = find(id);
+    if (s == nullptr) return unknown(id);
+    *out = s->length;
+    return Status::Ok();
+  }
+  Status scratch_size(RequestId id, int64_t* out) const {
+    Sequence const* s = find(id);
+    if (s == nullptr) return unknown(id);
+    *out = s->scratch_size();
+    return Status::Ok();
+  }
+  Status clear_scratch(RequestId id) {
+    Sequence* s = find(id);
+    if (s == nullptr) return unknown(id);
+    s->clear_scratch();
+    return Status::Ok();
+  }
+
+  // The executors' access (nullptr for an unknown request).
+  Sequence const* find(RequestId id) const {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+  Sequence* find(RequestId id) {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+
+ protected:
+  explicit DraftRequests(char const* name) : name_(name) {}
+  Status already_added(RequestId id) const {
+    return Status::InvalidArgument(std::string(name_) + ": request " + std::to_string(id) +
+                                   " is already in the cache");
+  }
+  Status unknown(RequestId id) const {
+    return Status::InvalidArgument(std::string(name_) + ": request " + std::to_string(id) +
+                                   " is not in the cache (add_request)");
+  }
+  std::map<RequestId, Sequence> seqs_;
+
+ private:
+  char const* name_;
+};
+
+class DraftCache : public DraftRequests<DraftSequence> {
+ public:
+  DraftCache() : DraftRequests("DraftCache") {}
+
   // A cache for entries of kv_width = nkv * hd floats (K and V each).
   static Status create(int64_t kv_width, DraftCache* out) {
     if (out == nullptr) return Status::InvalidArgument("DraftCache::create: out is null");
@@ -289,13 +343,9 @@ class DraftCache {
   }
 
   int64_t kv_width() const { return width_; }
-  bool has_request(RequestId id) const { return seqs_.count(id) != 0; }
 
   Status add_request(RequestId id) {
-    if (has_request(id)) {
-      return Status::InvalidArgument("DraftCache: request " + std::to_string(id) +
-                                     " is already in the cache");
-    }
+    if (has_request(id)) return already_added(id);
     seqs_.emplace(id, DraftSequence{});
     return Status::Ok();
   }
@@ -303,42 +353,9 @@ class DraftCache {
     if (seqs_.erase(id) == 0) return unknown(id);
     return Status::Ok();
   }
-  Status length(RequestId id, int64_t* out) const {
-    DraftSequence const* s = find(id);
-    if (s == nullptr) return unknown(id);
-    *out = s->length;
-    return Status::Ok();
-  }
-  Status scratch_size(RequestId id, int64_t* out) const {
-    DraftSequence const* s = find(id);
-    if (s == nullptr) return unknown(id);
-    *out = s->scratch_size();
-    return Status::Ok();
-  }
-  Status clear_scratch(RequestId id) {
-    DraftSequence* s = find(id);
-    if (s == nullptr) return unknown(id);
-    s->clear_scratch();
-    return Status::Ok();
-  }
-
-  // The executors' access (nullptr for an unknown request).
-  DraftSequence const* find(RequestId id) const {
-    auto it = seqs_.find(id);
-    return it == seqs_.end() ? nullptr : &it->second;
-  }
-  DraftSequence* find(RequestId id) {
-    auto it = seqs_.find(id);
-    return it == seqs_.end() ? nullptr : &it->second;
-  }
 
  private:
-  static Status unknown(RequestId id) {
-    return Status::InvalidArgument("DraftCache: request " + std::to_string(id) +
-                                   " is not in the cache (add_request)");
-  }
   int64_t width_ = 0;
-  std::map<RequestId, DraftSequence> seqs_;
 };
 
 // ---------------------------------------------------------------------------------------------

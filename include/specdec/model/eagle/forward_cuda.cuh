@@ -653,25 +653,28 @@ inline Status reserve_draft_scratch(DraftCudaModel& model, int64_t rows, int64_t
 // ---------------------------------------------------------------------------------------------
 // Cache.
 
+// Host metadata of one request of a DraftCudaCache (its slot's rows: committed [0, length),
+// scratch [0, scratch_size)).
+struct DraftCudaSequence {
+  int slot = 0;
+  int64_t length = 0;
+  std::vector<int32_t> scratch_parent;  // [S]: -1 or an earlier scratch index
+  std::vector<int32_t> scratch_depth;   // [S]: position = length + depth
+  int64_t scratch_size() const { return static_cast<int64_t>(scratch_parent.size()); }
+  void clear_scratch() {
+    scratch_parent.clear();
+    scratch_depth.clear();
+  }
+};
+
 // Device K / V of the draft for up to max_requests requests (one slot each): committed entries
 // [max_length] and scratch entries [max_scratch] per slot, allocated at creation; the requests,
 // their lengths and their scratch trees (parent, depth of every entry) are host metadata.
 // Move-only.
-class DraftCudaCache {
+class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
  public:
-  // Host metadata of one request (its slot's rows: committed [0, length), scratch
-  // [0, scratch_size)).
-  struct Sequence {
-    int slot = 0;
-    int64_t length = 0;
-    std::vector<int32_t> scratch_parent;  // [S]: -1 or an earlier scratch index
-    std::vector<int32_t> scratch_depth;   // [S]: position = length + depth
-    int64_t scratch_size() const { return static_cast<int64_t>(scratch_parent.size()); }
-    void clear_scratch() {
-      scratch_parent.clear();
-      scratch_depth.clear();
-    }
-  };
+  using Sequence = DraftCudaSequence;
+  DraftCudaCache() : DraftRequests("DraftCudaCache") {}
 
   // Entries of kv_width = nkv * hd floats (K and V each), zeroed.
   static Status create(int64_t kv_width, int max_requests, int64_t max_length, int64_t max_scratch,
@@ -721,13 +724,9 @@ class DraftCudaCache {
   int max_requests() const { return static_cast<int>(free_slots_.size() + seqs_.size()); }
   int64_t max_length() const { return max_length_; }
   int64_t max_scratch() const { return max_scratch_; }
-  bool has_request(RequestId id) const { return seqs_.count(id) != 0; }
 
   Status add_request(RequestId id) {
-    if (has_request(id)) {
-      return Status::InvalidArgument("DraftCudaCache: request " + std::to_string(id) +
-                                     " is already in the cache");
-    }
+    if (has_request(id)) return already_added(id);
     if (free_slots_.empty()) {
       return Status::InvalidArgument("DraftCudaCache: no free slot for request " +
                                      std::to_string(id) + ": all " + std::to_string(seqs_.size()) +
@@ -747,34 +746,6 @@ class DraftCudaCache {
     seqs_.erase(it);
     return Status::Ok();
   }
-  Status length(RequestId id, int64_t* out) const {
-    Sequence const* s = find(id);
-    if (s == nullptr) return unknown(id);
-    *out = s->length;
-    return Status::Ok();
-  }
-  Status scratch_size(RequestId id, int64_t* out) const {
-    Sequence const* s = find(id);
-    if (s == nullptr) return unknown(id);
-    *out = s->scratch_size();
-    return Status::Ok();
-  }
-  Status clear_scratch(RequestId id) {
-    Sequence* s = find(id);
-    if (s == nullptr) return unknown(id);
-    s->clear_scratch();
-    return Status::Ok();
-  }
-
-  // The executor's access (nullptr for an unknown request).
-  Sequence const* find(RequestId id) const {
-    auto it = seqs_.find(id);
-    return it == seqs_.end() ? nullptr : &it->second;
-  }
-  Sequence* find(RequestId id) {
-    auto it = seqs_.find(id);
-    return it == seqs_.end() ? nullptr : &it->second;
-  }
   // Slot s's committed row u at (s * max_length + u) * kv_width, scratch entry a at
   // (s * max_scratch + a) * kv_width.
   float* k() const { return k_.data(); }
@@ -783,13 +754,8 @@ class DraftCudaCache {
   float* scratch_v() const { return scratch_v_.data(); }
 
  private:
-  static Status unknown(RequestId id) {
-    return Status::InvalidArgument("DraftCudaCache: request " + std::to_string(id) +
-                                   " is not in the cache (add_request)");
-  }
   int64_t width_ = 0, max_length_ = 0, max_scratch_ = 0;
   DeviceBuffer<float> k_, v_, scratch_k_, scratch_v_;
-  std::map<RequestId, Sequence> seqs_;
   std::vector<int> free_slots_;  // lowest slot last
 };
 
