@@ -117,8 +117,12 @@ struct TargetTensors {
   double final_norm_eps = 0.0;        //       last hidden state (what lm_head reads)
 };
 
+// lm_head is null when the target holds a vocabulary slice of it (tensor parallel without
+// replicate_lm_head): an EAGLE-1/2 draft, which needs the whole lm_head, is then refused.
 inline TargetTensors target_tensors_of(kimi::KimiCpuModel const& m) {
-  return {m.embed_tokens.data(), m.lm_head.data(), m.norm.data(), m.config.rms_norm_eps};
+  bool const whole = m.vocab.size() == m.config.vocab_size;
+  return {m.embed_tokens.data(), whole ? m.lm_head.data() : nullptr, m.norm.data(),
+          m.config.rms_norm_eps};
 }
 
 // Every weight as fp32 (row-major [out, in]), converted once.
@@ -182,7 +186,8 @@ inline Status load_cpu_impl(std::string const& dir, io::DeepseekV3Config const& 
     return Status::InvalidArgument(
         dir +
         ": an EAGLE-1/2 draft reads the target's lm_head and final norm (with its eps > 0); "
-        "pass them in TargetTensors (target_tensors_of)");
+        "pass them in TargetTensors (target_tensors_of; a tensor-parallel target holds its "
+        "whole lm_head only when loaded with TpShard::replicate_lm_head)");
   }
   io::SafetensorsCheckpoint ckpt;
   SPECDEC_RETURN_IF_ERROR(io::SafetensorsCheckpoint::open(dir, &ckpt));

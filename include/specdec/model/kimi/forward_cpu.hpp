@@ -61,6 +61,8 @@
 #include "specdec/core/executor.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
+#include "specdec/dist/communicator.hpp"
+#include "specdec/dist/shard.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/forward_reference.hpp"
@@ -98,55 +100,123 @@ struct CpuLayerWeights {
   std::vector<CpuMlpWeights> experts;  // E entries (moe)
 };
 
-// The per-model cache of fp32 weights (see the top of this file for its memory cost).
+// The per-model cache of fp32 weights (see the top of this file for its memory cost). A
+// tensor-parallel rank holds its shard (dist/shard.hpp): the matrices above then have the shard's
+// rows / columns (nh -> heads, I -> I / P, E -> experts.size(), V -> vocab.size()).
 struct KimiCpuModel {
   io::DeepseekV3Config config;
   std::vector<double> inv_freq;  // [r/2] rope_inv_freq(config)
   CpuMatrix embed_tokens;        // [V, H]
-  CpuMatrix lm_head;             // [V, H]
+  CpuMatrix lm_head;             // [vocab.size(), H]: rows vocab of the whole lm_head
   std::vector<float> norm;       // [H]
   std::vector<CpuLayerWeights> layers;
+  dist::TpShard shard;                    // the part of the checkpoint this model holds
+  dist::CpuCommunicator* comm = nullptr;  // sums the ranks' partial outputs (shard.size > 1)
+  int64_t heads = 0;                      // attention heads held: nh / P
+  dist::Range experts;  // routed experts held (kExpertParallel: E / P of them; else all E)
+  dist::Range vocab;    // lm_head rows held
   int64_t floats = 0;  // floats held (memory = 4 * floats bytes)
   int64_t num_floats() const { return floats; }
 };
 
 namespace detail {
 
+// The rank's ranges of heads, dense width, shared-expert width, experts, expert width and vocab.
+struct ShardRanges {
+  dist::Range heads, dense, shared, experts, expert_width, vocab;
+};
+
+inline Status shard_ranges(KimiWeights const& w, io::DeepseekV3Config const& c,
+                           dist::TpShard const& s, ShardRanges* out) {
+  using dist::shard_range;
+  SPECDEC_RETURN_IF_ERROR(shard_range(s, c.num_attention_heads, 1, "num_attention_heads", &out->heads));
+  SPECDEC_RETURN_IF_ERROR(shard_range(s, c.intermediate_size, 1, "intermediate_size", &out->dense));
+  int64_t const E = c.n_routed_experts, M = c.moe_intermediate_size;
+  SPECDEC_RETURN_IF_ERROR(shard_range(s, int64_t{c.n_shared_experts} * M, 1,
+                                      "the shared experts' width", &out->shared));
+  if (s.moe == dist::MoeSplit::kExpertParallel) {
+    SPECDEC_RETURN_IF_ERROR(shard_range(s, E, 1, "n_routed_experts (expert parallel)", &out->experts));
+    out->expert_width = {0, M};
+  } else {
+    out->experts = {0, E};
+    int64_t const align = w.experts_int4 && c.quantization ? c.quantization->group_size : 1;
+    SPECDEC_RETURN_IF_ERROR(shard_range(s, M, align,
+                                        w.experts_int4
+                                            ? "moe_intermediate_size (tensor-parallel INT4 experts "
+                                              "split on quantization groups)"
+                                            : "moe_intermediate_size (tensor-parallel experts)",
+                                        &out->expert_width));
+  }
+  if (s.replicate_lm_head) {
+    out->vocab = {0, c.vocab_size};
+  } else {
+    SPECDEC_RETURN_IF_ERROR(shard_range(s, c.vocab_size, 1, "vocab_size (lm_head split by vocabulary)",
+                                        &out->vocab));
+  }
+  return Status::Ok();
+}
+
 inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config const& c,
+                                  dist::TpShard const& shard, dist::CpuCommunicator* comm,
                                   KimiCpuModel* out) {
-  std::string const fn = "load_kimi_cpu_model (" + c.source + "): ";
+  std::string const fn = "load_kimi_cpu_model (" + c.source + (shard.size > 1 ? ", rank " +
+                         std::to_string(shard.rank) + " of " + std::to_string(shard.size) : "") +
+                         "): ";
   SPECDEC_RETURN_IF_ERROR(check_model_supported(w, c, fn));
+  SPECDEC_RETURN_IF_ERROR(shard.check().prefixed(fn));
+  if (shard.size > 1 && (comm == nullptr || comm->size() != shard.size || comm->rank() != shard.rank)) {
+    return Status::InvalidArgument(fn + "a tensor-parallel shard needs the rank's communicator "
+                                        "(same rank and size)");
+  }
+  ShardRanges R;
+  SPECDEC_RETURN_IF_ERROR(shard_ranges(w, c, shard, &R).prefixed(fn));
   int const L = c.num_hidden_layers;
   int64_t const H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
   int64_t const dq = c.qk_nope_head_dim, r = c.qk_rope_head_dim, dv = c.v_head_dim;
   int64_t const ckv = c.kv_lora_rank, qk = dq + r;
+  int64_t const h0 = R.heads.begin, h1 = R.heads.end;
   KimiCpuModel m;
   m.config = c;
+  m.shard = shard;
+  m.comm = shard.size > 1 ? comm : nullptr;
+  m.heads = R.heads.size();
+  m.experts = R.experts;
+  m.vocab = R.vocab;
   SPECDEC_RETURN_IF_ERROR(rope_inv_freq(c, &m.inv_freq).prefixed(fn));
   std::vector<float> f;
-  auto mat = [&](LinearWeights const& lw, int64_t o, int64_t i, std::string const& what,
-                 CpuMatrix* M) -> Status {
-    SPECDEC_RETURN_IF_ERROR(linear_to_float(lw, o, i, what, &f).prefixed(fn));
-    *M = Eigen::Map<CpuMatrix const>(f.data(), o, i);
-    m.floats += o * i;
+  // Rows [r0, r1) x columns [c0, c1) of the linear [o, i].
+  auto block = [&](LinearWeights const& lw, int64_t o, int64_t i, int64_t r0, int64_t r1,
+                   int64_t c0, int64_t c1, std::string const& what, CpuMatrix* M) -> Status {
+    SPECDEC_RETURN_IF_ERROR(linear_block_to_float(lw, o, i, r0, r1, c0, c1, what, &f).prefixed(fn));
+    *M = Eigen::Map<CpuMatrix const>(f.data(), r1 - r0, c1 - c0);
+    m.floats += (r1 - r0) * (c1 - c0);
     return Status::Ok();
   };
+  auto mat = [&](LinearWeights const& lw, int64_t o, int64_t i, std::string const& what,
+                 CpuMatrix* M) { return block(lw, o, i, 0, o, 0, i, what, M); };
   auto vec = [&](TensorView const& v, int64_t n, std::string const& what,
                  std::vector<float>* out_vec) -> Status {
     SPECDEC_RETURN_IF_ERROR(view_to_float(v, n, what, out_vec).prefixed(fn));
     m.floats += n;
     return Status::Ok();
   };
-  auto mlp = [&](MlpWeights const& mw, int64_t inter, std::string const& p,
+  // gate / up rows and down columns `part` of an MLP of width inter.
+  auto mlp = [&](MlpWeights const& mw, int64_t inter, dist::Range part, std::string const& p,
                  CpuMlpWeights* o) -> Status {
-    SPECDEC_RETURN_IF_ERROR(mat(mw.gate_proj, inter, H, p + ".gate_proj", &o->gate_proj));
-    SPECDEC_RETURN_IF_ERROR(mat(mw.up_proj, inter, H, p + ".up_proj", &o->up_proj));
-    return mat(mw.down_proj, H, inter, p + ".down_proj", &o->down_proj);
+    SPECDEC_RETURN_IF_ERROR(
+        block(mw.gate_proj, inter, H, part.begin, part.end, 0, H, p + ".gate_proj", &o->gate_proj));
+    SPECDEC_RETURN_IF_ERROR(
+        block(mw.up_proj, inter, H, part.begin, part.end, 0, H, p + ".up_proj", &o->up_proj));
+    return block(mw.down_proj, H, inter, 0, H, part.begin, part.end, p + ".down_proj",
+                 &o->down_proj);
   };
   SPECDEC_RETURN_IF_ERROR(vec(w.embed_tokens, V * H, "embed_tokens", &f));
   m.embed_tokens = Eigen::Map<CpuMatrix const>(f.data(), V, H);
-  SPECDEC_RETURN_IF_ERROR(vec(w.lm_head, V * H, "lm_head", &f));
-  m.lm_head = Eigen::Map<CpuMatrix const>(f.data(), V, H);
+  SPECDEC_RETURN_IF_ERROR(
+      view_block_to_float(w.lm_head, V, H, R.vocab.begin, R.vocab.end, 0, H, "lm_head", &f)
+          .prefixed(fn));
+  m.lm_head = Eigen::Map<CpuMatrix const>(f.data(), R.vocab.size(), H);
+  m.floats += R.vocab.size() * H;
   SPECDEC_RETURN_IF_ERROR(vec(w.norm, H, "norm", &m.norm));
   m.layers.resize(static_cast<size_t>(L));
   for (int li = 0; li < L; ++li) {
@@ -162,18 +232,22 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
       int64_t const ql = *c.q_lora_rank;
       SPECDEC_RETURN_IF_ERROR(mat(l.q_a_proj, ql, H, a + "q_a_proj", &o.q_a_proj));
       SPECDEC_RETURN_IF_ERROR(vec(l.q_a_layernorm, ql, a + "q_a_layernorm", &o.q_a_layernorm));
-      SPECDEC_RETURN_IF_ERROR(mat(l.q_b_proj, nh * qk, ql, a + "q_b_proj", &o.q_b_proj));
+      SPECDEC_RETURN_IF_ERROR(
+          block(l.q_b_proj, nh * qk, ql, h0 * qk, h1 * qk, 0, ql, a + "q_b_proj", &o.q_b_proj));
     } else {
-      SPECDEC_RETURN_IF_ERROR(mat(l.q_proj, nh * qk, H, a + "q_proj", &o.q_proj));
+      SPECDEC_RETURN_IF_ERROR(
+          block(l.q_proj, nh * qk, H, h0 * qk, h1 * qk, 0, H, a + "q_proj", &o.q_proj));
     }
     SPECDEC_RETURN_IF_ERROR(
         mat(l.kv_a_proj_with_mqa, ckv + r, H, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
     SPECDEC_RETURN_IF_ERROR(vec(l.kv_a_layernorm, ckv, a + "kv_a_layernorm", &o.kv_a_layernorm));
-    SPECDEC_RETURN_IF_ERROR(mat(l.kv_b_proj, nh * (dq + dv), ckv, a + "kv_b_proj", &o.kv_b_proj));
-    SPECDEC_RETURN_IF_ERROR(mat(l.o_proj, H, nh * dv, a + "o_proj", &o.o_proj));
+    SPECDEC_RETURN_IF_ERROR(block(l.kv_b_proj, nh * (dq + dv), ckv, h0 * (dq + dv),
+                                  h1 * (dq + dv), 0, ckv, a + "kv_b_proj", &o.kv_b_proj));
+    SPECDEC_RETURN_IF_ERROR(
+        block(l.o_proj, H, nh * dv, 0, H, h0 * dv, h1 * dv, a + "o_proj", &o.o_proj));
     o.moe = l.moe;
     if (!l.moe) {
-      SPECDEC_RETURN_IF_ERROR(mlp(l.mlp, c.intermediate_size, p + "mlp", &o.mlp));
+      SPECDEC_RETURN_IF_ERROR(mlp(l.mlp, c.intermediate_size, R.dense, p + "mlp", &o.mlp));
       continue;
     }
     int64_t const E = c.n_routed_experts;
@@ -187,14 +261,14 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
     o.has_shared_experts = l.has_shared_experts;
     if (l.has_shared_experts) {
       SPECDEC_RETURN_IF_ERROR(mlp(l.shared_experts,
-                                  int64_t{c.n_shared_experts} * c.moe_intermediate_size,
+                                  int64_t{c.n_shared_experts} * c.moe_intermediate_size, R.shared,
                                   p + "mlp.shared_experts", &o.shared_experts));
     }
-    o.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
+    o.experts.resize(static_cast<size_t>(R.experts.size()));
+    for (int64_t e = R.experts.begin; e < R.experts.end; ++e) {
       SPECDEC_RETURN_IF_ERROR(mlp(l.experts[static_cast<size_t>(e)], c.moe_intermediate_size,
-                                  p + "mlp.experts." + std::to_string(e),
-                                  &o.experts[static_cast<size_t>(e)]));
+                                  R.expert_width, p + "mlp.experts." + std::to_string(e),
+                                  &o.experts[static_cast<size_t>(e - R.experts.begin)]));
     }
   }
   *out = std::move(m);
@@ -203,18 +277,33 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
 
 }  // namespace detail
 
-// Converts every weight of `weights` (bound for `config`) to fp32 Eigen matrices, once.
+// Converts the weights of `weights` (bound for `config`) that tensor-parallel rank shard.rank
+// holds (dist/shard.hpp; all of them at size 1) to fp32 Eigen matrices, once, reading only those
+// bytes of the checkpoint. At shard.size > 1, `comm` is that rank's communicator (kept by the
+// model: the forward sums the ranks' partial outputs through it).
 inline Status load_kimi_cpu_model(KimiWeights const& weights, io::DeepseekV3Config const& config,
+                                  dist::TpShard const& shard, dist::CpuCommunicator* comm,
                                   KimiCpuModel* out) {
   if (out == nullptr) return Status::InvalidArgument("load_kimi_cpu_model: out is null");
   try {
-    return detail::load_cpu_model_impl(weights, config, out);
+    return detail::load_cpu_model_impl(weights, config, shard, comm, out);
   } catch (std::exception const& e) {
     return Status::Internal("load_kimi_cpu_model (" + config.source + "): " + e.what());
   }
 }
 
+inline Status load_kimi_cpu_model(KimiWeights const& weights, io::DeepseekV3Config const& config,
+                                  KimiCpuModel* out) {
+  return load_kimi_cpu_model(weights, config, dist::TpShard{}, nullptr, out);
+}
+
 namespace detail {
+
+// The sum over the ranks of this rank's partial output (a no-op at tensor-parallel size 1).
+inline Status cpu_all_reduce(KimiCpuModel const& m, CpuMatrix* part) {
+  if (m.comm == nullptr) return Status::Ok();
+  return m.comm->all_reduce_sum(part->data(), part->size());
+}
 
 // y = down(silu(x gate^T) * (x up^T)) for x [n, H] -> [n, H].
 inline CpuMatrix cpu_swiglu(CpuMlpWeights const& w, CpuMatrix const& x) {
@@ -236,13 +325,14 @@ inline Status cpu_rms_rows(CpuMatrix const& x, std::vector<float> const& w, doub
 }
 
 // Attention of one layer for every segment; the layer's new cache entries are written first.
-// xn [T, H] (input_layernorm'd), positions [T]; adds o_proj(o) to *x.
+// xn [T, H] (input_layernorm'd), positions [T]; adds o_proj(o) (summed over the ranks) to *x.
+// nh below is the rank's heads.
 inline Status cpu_attention(KimiCpuModel const& m, int li, MlaCache* cache,
                             std::vector<ForwardSegment> const& segs, CpuMatrix const& xn,
                             std::span<int64_t const> positions, CpuMatrix* x) {
   io::DeepseekV3Config const& c = m.config;
   CpuLayerWeights const& l = m.layers[static_cast<size_t>(li)];
-  int64_t const T = xn.rows(), nh = c.num_attention_heads, dq = c.qk_nope_head_dim;
+  int64_t const T = xn.rows(), nh = m.heads, dq = c.qk_nope_head_dim;
   int64_t const r = c.qk_rope_head_dim, dv = c.v_head_dim, ckv = c.kv_lora_rank;
   int64_t const qk = dq + r, W = ckv + r;
   double const eps = c.rms_norm_eps, cs = c.rope_cos_sin_scale();
@@ -323,16 +413,21 @@ inline Status cpu_attention(KimiCpuModel const& m, int li, MlaCache* cache,
           l.kv_b_proj.block(h * (dq + dv) + dq, 0, dv, ckv).transpose();
     }
   }
-  x->noalias() += o * l.o_proj.transpose();
+  CpuMatrix part = o * l.o_proj.transpose();
+  SPECDEC_RETURN_IF_ERROR(cpu_all_reduce(m, &part));
+  *x += part;
   return Status::Ok();
 }
 
-// Dense or MoE MLP of one layer over xn [T, H]; adds its output to *x.
+// Dense or MoE MLP of one layer over xn [T, H]; adds its output (summed over the ranks) to *x.
+// Every rank routes every token; it runs the experts it holds (m.experts) on their share.
 inline Status cpu_mlp(KimiCpuModel const& m, int li, CpuMatrix const& xn, CpuMatrix* x) {
   io::DeepseekV3Config const& c = m.config;
   CpuLayerWeights const& l = m.layers[static_cast<size_t>(li)];
   if (!l.moe) {
-    *x += cpu_swiglu(l.mlp, xn);
+    CpuMatrix part = cpu_swiglu(l.mlp, xn);
+    SPECDEC_RETURN_IF_ERROR(cpu_all_reduce(m, &part));
+    *x += part;
     return Status::Ok();
   }
   int64_t const T = xn.rows(), E = c.n_routed_experts;
@@ -354,17 +449,19 @@ inline Status cpu_mlp(KimiCpuModel const& m, int li, CpuMatrix const& xn, CpuMat
     }
   }
   CpuMatrix y = CpuMatrix::Zero(T, xn.cols());
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = m.experts.begin; e < m.experts.end; ++e) {
     std::vector<int64_t> const& re = rows[static_cast<size_t>(e)];
     if (re.empty()) continue;
     CpuMatrix xe(static_cast<Eigen::Index>(re.size()), xn.cols());
     for (size_t k = 0; k < re.size(); ++k) xe.row(static_cast<Eigen::Index>(k)) = xn.row(re[k]);
-    CpuMatrix const ye = cpu_swiglu(l.experts[static_cast<size_t>(e)], xe);
+    CpuMatrix const ye =
+        cpu_swiglu(l.experts[static_cast<size_t>(e - m.experts.begin)], xe);
     for (size_t k = 0; k < re.size(); ++k) {
       y.row(re[k]) += wts[static_cast<size_t>(e)][k] * ye.row(static_cast<Eigen::Index>(k));
     }
   }
   if (l.has_shared_experts) y += cpu_swiglu(l.shared_experts, xn);
+  SPECDEC_RETURN_IF_ERROR(cpu_all_reduce(m, &y));
   *x += y;
   return Status::Ok();
 }
@@ -400,7 +497,20 @@ inline Status cpu_forward(KimiCpuModel const& m, MlaCache* cache,
   }
   SPECDEC_RETURN_IF_ERROR(cpu_rms_rows(x, m.norm, c.rms_norm_eps, &xn));
   logits->resize(static_cast<size_t>(T * V));
-  Eigen::Map<CpuMatrix>(logits->data(), T, V).noalias() = xn * m.lm_head.transpose();
+  if (m.vocab.size() == V) {
+    Eigen::Map<CpuMatrix>(logits->data(), T, V).noalias() = xn * m.lm_head.transpose();
+  } else {  // the ranks' vocabulary slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
+    int64_t const Vp = m.vocab.size(), P = m.shard.size;
+    CpuMatrix const local = xn * m.lm_head.transpose();
+    std::vector<float> all(static_cast<size_t>(P * T * Vp));
+    SPECDEC_RETURN_IF_ERROR(m.comm->all_gather(local.data(), T * Vp, all.data()));
+    for (int64_t q = 0; q < P; ++q) {
+      for (int64_t t = 0; t < T; ++t) {
+        float const* src = all.data() + (q * T + t) * Vp;
+        std::copy(src, src + Vp, logits->data() + t * V + q * Vp);
+      }
+    }
+  }
   if (aux) *aux = std::move(aux_out);
   return Status::Ok();
 }
@@ -432,7 +542,8 @@ inline Status cpu_check(std::string const& fn, KimiCpuModel const& m,
     return Status::InvalidArgument(fn + "aux is null but " + std::to_string(aux_layers.size()) +
                                    " aux_layers were requested");
   }
-  if (static_cast<int>(m.layers.size()) != m.config.num_hidden_layers || m.inv_freq.empty()) {
+  if (static_cast<int>(m.layers.size()) != m.config.num_hidden_layers || m.inv_freq.empty() ||
+      m.heads <= 0) {
     return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cpu_model)");
   }
   return Status::Ok();

@@ -184,32 +184,90 @@ inline Status view_to_float(TensorView const& v, int64_t n, std::string_view wha
   return Status::Ok();
 }
 
-// W [out, in] as floats: bf16 converted, INT4 dequantised.
-inline Status linear_to_float(LinearWeights const& l, int64_t out, int64_t in,
-                              std::string_view what, std::vector<float>* W) {
+// Rows [r0, r1) x columns [c0, c1) of a [rows, cols] BF16 / F32 matrix as floats [r1-r0, c1-c0],
+// reading only those bytes (checked).
+inline Status view_block_to_float(TensorView const& v, int64_t rows, int64_t cols, int64_t r0,
+                                  int64_t r1, int64_t c0, int64_t c1, std::string_view what,
+                                  std::vector<float>* out) {
+  int64_t const es = static_cast<int64_t>(dtype_size(v.dtype));
+  if (v.numel() != rows * cols || static_cast<int64_t>(v.bytes.size()) != rows * cols * es ||
+      (v.dtype != Dtype::kBF16 && v.dtype != Dtype::kF32) || r0 < 0 || r0 > r1 || r1 > rows ||
+      c0 < 0 || c0 > c1 || c1 > cols) {
+    return Status::InvalidArgument(
+        "kimi_forward_reference: tensor " + std::string(what) + " (\"" + std::string(v.name) +
+        "\"): " + dtype_name(v.dtype) + " with " + std::to_string(v.numel()) +
+        " elements, expected BF16/F32 [" + std::to_string(rows) + ", " + std::to_string(cols) +
+        "] holding rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") columns [" +
+        std::to_string(c0) + ", " + std::to_string(c1) + ") (weights not loaded for this config?)");
+  }
+  int64_t const n = c1 - c0;
+  out->resize(static_cast<size_t>((r1 - r0) * n));
+  for (int64_t i = r0; i < r1; ++i) {
+    std::byte const* src = v.bytes.data() + (i * cols + c0) * es;
+    float* dst = out->data() + (i - r0) * n;
+    if (v.dtype == Dtype::kF32) {
+      if (n) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      continue;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * k, 2);
+      dst[k] = bf16_to_float(b);
+    }
+  }
+  return Status::Ok();
+}
+
+// Rows [r0, r1) x columns [c0, c1) of W [out, in] as floats [r1-r0, c1-c0], reading only those
+// bytes: bf16 converted, INT4 dequantised (c0, c1 multiples of the group size). A tensor-parallel
+// rank loads its shard with it (dist/shard.hpp).
+inline Status linear_block_to_float(LinearWeights const& l, int64_t out, int64_t in, int64_t r0,
+                                    int64_t r1, int64_t c0, int64_t c1, std::string_view what,
+                                    std::vector<float>* W) {
   if (l.out != out || l.in != in) {
     return Status::InvalidArgument("kimi_forward_reference: linear " + std::string(what) + " is [" +
                                    std::to_string(l.out) + ", " + std::to_string(l.in) +
                                    "], expected [" + std::to_string(out) + ", " +
                                    std::to_string(in) + "]");
   }
-  if (!l.int4) return view_to_float(l.weight, out * in, what, W);
+  if (!l.int4) return view_block_to_float(l.weight, out, in, r0, r1, c0, c1, what, W);
   int64_t const g = l.group_size;
   if (g <= 0 || in % g != 0 || in % io::kInt4PerWord != 0 ||
       l.weight_packed.dtype != Dtype::kI32 || l.weight_packed.numel() != out * (in / 8) ||
-      l.weight_scale.dtype != Dtype::kBF16 || g == 0 || l.weight_scale.numel() != out * (in / g)) {
+      l.weight_scale.dtype != Dtype::kBF16 || l.weight_scale.numel() != out * (in / g)) {
     return Status::InvalidArgument("kimi_forward_reference: INT4 linear " + std::string(what) +
                                    " (\"" + std::string(l.weight_packed.name) +
                                    "\"): packed / scale tensors do not match [" +
                                    std::to_string(out) + ", " + std::to_string(in) +
                                    "] with group " + std::to_string(g));
   }
-  std::vector<int32_t> packed(static_cast<size_t>(out * (in / 8)));
-  std::vector<uint16_t> scale(static_cast<size_t>(out * (in / g)));
-  std::memcpy(packed.data(), l.weight_packed.bytes.data(), packed.size() * 4);
-  std::memcpy(scale.data(), l.weight_scale.bytes.data(), scale.size() * 2);
-  W->resize(static_cast<size_t>(out * in));
-  return io::dequantize_int4_group(packed.data(), scale.data(), out, in, g, W->data());
+  if (r0 < 0 || r0 > r1 || r1 > out || c0 < 0 || c0 > c1 || c1 > in || c0 % g != 0 ||
+      c1 % g != 0 || c0 % io::kInt4PerWord != 0 || c1 % io::kInt4PerWord != 0) {
+    return Status::InvalidArgument(
+        "kimi_forward_reference: INT4 linear " + std::string(what) + ": rows [" +
+        std::to_string(r0) + ", " + std::to_string(r1) + ") columns [" + std::to_string(c0) +
+        ", " + std::to_string(c1) + ") is not a block of [" + std::to_string(out) + ", " +
+        std::to_string(in) + "] on group-" + std::to_string(g) + " and 8-value word boundaries");
+  }
+  int64_t const rows = r1 - r0, cols = c1 - c0, words = in / 8, groups = in / g;
+  std::vector<int32_t> packed(static_cast<size_t>(rows * (cols / 8)));
+  std::vector<uint16_t> scale(static_cast<size_t>(rows * (cols / g)));
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(packed.data() + i * (cols / 8),
+                l.weight_packed.bytes.data() + ((r0 + i) * words + c0 / 8) * 4,
+                static_cast<size_t>(cols / 8) * 4);
+    std::memcpy(scale.data() + i * (cols / g),
+                l.weight_scale.bytes.data() + ((r0 + i) * groups + c0 / g) * 2,
+                static_cast<size_t>(cols / g) * 2);
+  }
+  W->resize(static_cast<size_t>(rows * cols));
+  return io::dequantize_int4_group(packed.data(), scale.data(), rows, cols, g, W->data());
+}
+
+// W [out, in] as floats: bf16 converted, INT4 dequantised.
+inline Status linear_to_float(LinearWeights const& l, int64_t out, int64_t in,
+                              std::string_view what, std::vector<float>* W) {
+  return linear_block_to_float(l, out, in, 0, out, 0, in, what, W);
 }
 
 // y [out] = W [out, in] x [in], accumulated in double.
