@@ -50,9 +50,15 @@ find_package(Eigen3 3.4 REQUIRED NO_MODULE)
 # std::thread (the random-checkpoint writer generates tensors on every core).
 find_package(Threads REQUIRED)
 
-find_package(NCCL)
-if(NCCL_FOUND)
-  message(STATUS "specdec: NCCL ${NCCL_VERSION} at ${NCCL_LIBRARY}")
-else()
-  message(STATUS "specdec: NCCL not found; multi-GPU communication is not built")
+# NCCL: the GPUs' communicator (dist/nccl.cuh); without it, --tp-size > 1 runs on the CPU only.
+set(SPECDEC_NCCL OFF)
+if(SPECDEC_CUDA)
+  find_package(NCCL)
+  if(NCCL_FOUND)
+    set(SPECDEC_NCCL ON)
+    message(STATUS "specdec: NCCL ${NCCL_VERSION} at ${NCCL_LIBRARY}")
+  else()
+    message(STATUS "specdec: NCCL not found; tensor parallel on GPUs is not built (the CPU "
+                   "communicator still is)")
+  endif()
 endif()

@@ -4,9 +4,12 @@
 # the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|engine|kimi]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi]... [--bench-filter REGEX]
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
+# tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
+# and at the number of visible GPUs (NCCL), plainly and with an EAGLE-3 tree: the greedy tokens
+# must be the same; tokens/s of each.
 # kimi (not in all): writes the kimi-k2.5 preset with $SPECDEC_KIMI_LAYERS (default 2) layers and
 # INT4 experts at real dimensions (14.4 GB for 2 layers, ~270 s) whose greedy text repeats with
 # period 16 (--repeat-period: the same tensors and cost, residual writers zero) and generates 32
@@ -19,9 +22,9 @@ stages=() filter=.
 while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
-    all) stages+=(tests parity bench engine); shift ;;
-    tests|parity|bench|engine|kimi) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine kimi; --bench-filter REGEX)" >&2; exit 2 ;;
+    all) stages+=(tests parity bench engine tp); shift ;;
+    tests|parity|bench|engine|tp|kimi) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
@@ -96,6 +99,46 @@ for path in sys.argv[1:]:
 PY
   else
     { echo "--- kimi FAILED"; tail -5 "$logs/kimi.log"; } >> "$summary"; status=1
+  fi
+  rm -rf "$dir"
+fi
+if wants tp; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  dir=$(mktemp -d)
+  kimi=$build/examples/specdec-kimi
+  echo "--- tp (GPUs visible: $ngpu)" >> "$summary"
+  if $kimi init-random --preset tiny --int4 --seed 3 --out "$dir/t" --draft eagle3 --layers 0,1,2 \
+       --draft-out "$dir/d" > "$logs/tp.log" 2>&1; then
+    for tp in $(printf "%s\n" 1 "$ngpu" | sort -un); do
+      for spec in NONE EAGLE3; do
+        flags=()
+        [ $spec = EAGLE3 ] && flags=(--speculative-algorithm EAGLE3 --speculative-draft-model-path
+          "$dir/d" --speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8)
+        timeout 120 $kimi generate --model-path "$dir/t" --device cuda --json --ignore-eos \
+          --max-new-tokens 64 --input-ids 5,6,7,8,9,10,11,12 --tp-size "$tp" "${flags[@]}" \
+          > "$logs/tp_${tp}_$spec.json" 2>> "$logs/tp.log" || { echo "tp $tp $spec FAILED" >> "$summary"; status=1; }
+      done
+    done
+    python3 - "$logs" >> "$summary" <<'PY' || status=1
+import glob, json, os, sys
+runs = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "tp_*.json"))):
+    tp, spec = os.path.basename(path)[3:-5].split("_")
+    try:
+        runs[(int(tp), spec)] = json.load(open(path))
+    except ValueError:
+        print("tp", tp, spec, "gave no JSON")
+bad = 0
+for (tp, spec), j in sorted(runs.items()):
+    ref = runs.get((1, "NONE"))
+    same = ref is not None and j["output_ids"] == ref["output_ids"]
+    bad += not same
+    print("tp %d %-6s | same tokens as tp 1 NONE: %s | decode tokens/s %.1f | accept length %.3f"
+          % (tp, spec, same, j["decode_tokens_per_s"], j["accept_length"]))
+sys.exit(1 if bad else 0)
+PY
+  else
+    { echo "tp: init-random FAILED"; tail -5 "$logs/tp.log"; } >> "$summary"; status=1
   fi
   rm -rf "$dir"
 fi

@@ -122,6 +122,38 @@ foreach(spec "EAGLE3;3;1;4" "EAGLE3;3;4;8" "EAGLE;3;1;4" "EAGLE;3;4;8" "NGRAM;2;
   endif()
 endforeach()
 
+# Tensor parallel on the CPU communicator: --tp-size 2 and 4 give the same greedy tokens.
+foreach(spec "NONE" "EAGLE3;3;4;8" "EAGLE;3;1;4")
+  list(GET spec 0 algo)
+  set(spec_flags)
+  if(algo STREQUAL "EAGLE3")
+    set(spec_flags --speculative-algorithm EAGLE3 --speculative-draft-model-path "${DIR}-draft")
+  elseif(algo STREQUAL "EAGLE")
+    set(spec_flags --speculative-algorithm EAGLE --speculative-draft-model-path "${DIR}-eagle")
+  endif()
+  if(NOT algo STREQUAL "NONE")
+    list(GET spec 1 steps)
+    list(GET spec 2 topk)
+    list(GET spec 3 nodes)
+    list(APPEND spec_flags --speculative-num-steps ${steps} --speculative-eagle-topk ${topk}
+         --speculative-num-draft-tokens ${nodes})
+  endif()
+  foreach(tp 2 4)
+    execute_process(COMMAND "${KIMI}" ${greedy} ${spec_flags} --tp-size ${tp}
+                    OUTPUT_VARIABLE tp_out ERROR_VARIABLE tp_err RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "generate ${spec} --tp-size ${tp} failed (${rc}): ${tp_out}${tp_err}")
+    endif()
+    string(JSON tp_ids GET "${tp_out}" output_ids)
+    if(NOT tp_ids STREQUAL plain_ids)
+      message(FATAL_ERROR "${spec} --tp-size ${tp}: output ${tp_ids} differs from ${plain_ids}")
+    endif()
+    if(NOT tp_err MATCHES "; tp=${tp} \\(experts expert-parallel")
+      message(FATAL_ERROR "${spec} --tp-size ${tp}: no tensor-parallel line on stderr: ${tp_err}")
+    endif()
+  endforeach()
+endforeach()
+
 function(expect_refusal what pattern)
   run_kimi(out rc ${greedy} ${ARGN})
   if(NOT rc EQUAL 1 OR NOT out MATCHES "${pattern}")
@@ -143,6 +175,8 @@ expect_refusal("an uncompiled tree" "no compiled policy for EAGLE3 layers=\\[0,1
 expect_refusal("a draft with NGRAM" "uses no draft model"
                --speculative-algorithm NGRAM --speculative-draft-model-path "${DIR}-draft"
                --speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3)
+expect_refusal("heads that do not split" "rank 0 of 3: .*num_attention_heads 4 does not split over 3"
+               --tp-size 3)
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless")

@@ -18,7 +18,8 @@
 //                         [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]
 //                         [--speculative-draft-model-path DIR] [--speculative-num-steps S]
 //                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
-//                         [--no-self-check]
+//                         [--no-self-check] [--tp-size N] [--moe-split expert|tensor]
+//                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -30,6 +31,12 @@
 //       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
 //       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
 //       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
+//       --tp-size N shards the target over N ranks (dist/shard.hpp: heads, MLP widths, experts
+//       split whole (--moe-split expert, the default) or by width (tensor), lm_head by
+//       vocabulary; kept whole for an EAGLE-1/2 draft, which reads it); the draft is replicated.
+//       --device cpu: N threads over the CPU communicator. --device cuda: GPUs 0..N-1 over NCCL
+//       in this process, or N / nnodes GPUs per process with --nnodes, --node-rank and
+//       --dist-init-addr (node 0's HOST:PORT, where it hands out the NCCL id). Rank 0 prints.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
@@ -46,6 +53,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -53,10 +61,13 @@
 
 #if defined(__CUDACC__)
 #include "specdec/core/cuda.cuh"
+#include "specdec/dist/nccl.cuh"
 #include "specdec/model/eagle/forward_cuda.cuh"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #endif
 #include "specdec/core/dispatch.hpp"
+#include "specdec/dist/communicator.hpp"
+#include "specdec/dist/shard.hpp"
 #include "specdec/engine/self_check.hpp"
 #include "specdec/engine/spec_engine.hpp"
 #include "specdec/io/hf_config.hpp"
@@ -107,6 +118,8 @@ void usage(std::FILE* out) {
                "                             [--speculative-draft-model-path DIR]\n"
                "                             [--speculative-num-steps S] [--speculative-eagle-topk K]\n"
                "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
+               "                             [--tp-size N] [--moe-split expert|tensor]\n"
+               "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
                "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
 }
 
@@ -297,6 +310,9 @@ struct GenerateFlags {
   float top_p = 1.0f;
   bool json = false, self_check = true;
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
+  int tp_size = 1, nnodes = 1, node_rank = 0;
+  specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
+  std::string dist_init_addr;
 };
 
 // The timings and speculation figures of the JSON output.
@@ -334,16 +350,19 @@ Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
 
 // One request through SpecEngine<P, Exec>: draft loaded for P on Exec (load_draft), self-check,
 // generation.
+// Every tensor-parallel rank runs it (the same steps, the same collectives); rank 0 (`leader`)
+// prints and fills *j.
 template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                  std::vector<int32_t> const& ids, nlohmann::json* j) {
+                  std::vector<int32_t> const& ids, bool leader, nlohmann::json* j) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   std::remove_const_t<typename Engine::DraftModel> draft;
   if constexpr (Engine::kDraftsWithModel) {
-    specdec::io::ProgressBar bar("load draft " + g.draft_path);
+    std::optional<specdec::io::ProgressBar> bar;
+    if (leader) bar.emplace("load draft " + g.draft_path);
     Status const s = load_draft<P>(g, m, *target, &draft);
-    bar.finish();
+    if (bar) bar->finish();
     SPECDEC_RETURN_IF_ERROR(s);
   }
   Engine engine;
@@ -351,17 +370,29 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   eo.page_size = g.o.page_size;
   SPECDEC_RETURN_IF_ERROR(
       Engine::create(target, Engine::kDraftsWithModel ? &draft : nullptr, eo, &engine));
-  std::fprintf(stderr, "specdec-kimi: speculative config: %s%s\n", specdec::describe<P>().c_str(),
-               g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str());
+  if (leader) {
+    std::fprintf(stderr, "specdec-kimi: speculative config: %s%s; tp=%d%s\n",
+                 specdec::describe<P>().c_str(),
+                 g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str(), g.tp_size,
+                 g.tp_size == 1 ? ""
+                                : (std::string(" (experts ") +
+                                   specdec::dist::moe_split_name(g.moe_split) + "-parallel, lm_head " +
+                                   (P::kKind == specdec::DraftKind::kEagle
+                                        ? "whole on every rank for the EAGLE-1/2 draft)"
+                                        : "split by vocabulary)"))
+                                      .c_str());
+  }
   // Also the warm-up of every run (NONE included, which it never warns about), so the timed
   // request does not carry the first call's set-up.
   if (g.self_check) {
     specdec::engine::SelfCheckReport report;
     SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(engine, m.config.vocab_size, &report));
-    std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
-                 report.metrics.accept_length(),
-                 static_cast<long long>(report.metrics.verify_ct));
-    if (!report.warning.empty()) std::fprintf(stderr, "%s\n", report.warning.c_str());
+    if (leader) {
+      std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
+                   report.metrics.accept_length(),
+                   static_cast<long long>(report.metrics.verify_ct));
+      if (!report.warning.empty()) std::fprintf(stderr, "%s\n", report.warning.c_str());
+    }
   }
   specdec::engine::GenerationRequest r;
   r.prompt = ids;
@@ -380,18 +411,54 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   // After the prefill (and its first token): the speculative steps alone.
   double const steps_s = total.draft_s + total.build_s + total.verify_s + total.commit_s +
                          total.extend_s;
+  if (!leader) return Status::Ok();
   size_t const n = out[0].output_ids.size();
   *j = {{"output_ids", out[0].output_ids},
         {"finish_reason", out[0].stopped_at_eos ? "eos" : "length"},
         {"prompt_tokens", ids.size()},
         {"device", g.device},
         {"speculative_config", specdec::describe<P>()},
+        {"tp_size", g.tp_size},
         {"tokens_per_s", seconds > 0 ? n / seconds : 0.0},
         {"decode_tokens_per_s", steps_s > 0 && n > 1 ? (n - 1) / steps_s : 0.0},
         {"seconds", seconds}};
   add_metrics(total, j);
   return Status::Ok();
 }
+
+#if defined(__CUDACC__)
+// This process's NCCL communicators: GPUs 0..tp-1 (one process), or GPUs 0..tp/nnodes-1 as
+// global ranks node_rank * tp/nnodes + i, initialised together from node 0's id.
+Status nccl_communicators(GenerateFlags const& g, std::vector<specdec::dist::NcclCommunicator>* out) {
+  int visible = 0;
+  SPECDEC_CUDA_TRY(cudaGetDeviceCount(&visible));
+  int const local = g.tp_size / g.nnodes;
+  if (local > visible) {
+    return Status::InvalidArgument("--tp-size " + std::to_string(g.tp_size) +
+                                   (g.nnodes > 1 ? " over " + std::to_string(g.nnodes) + " nodes" : "") +
+                                   " needs " + std::to_string(local) + " GPUs in this process; " +
+                                   std::to_string(visible) + " visible");
+  }
+  std::vector<int> devices(static_cast<size_t>(local));
+  for (int i = 0; i < local; ++i) devices[static_cast<size_t>(i)] = i;
+  if (g.nnodes == 1) return specdec::dist::nccl_init_all(devices, out);
+  specdec::dist::NcclUniqueId id{};
+  SPECDEC_RETURN_IF_ERROR(
+      specdec::dist::nccl_unique_id(g.nnodes, g.node_rank, g.dist_init_addr, &id));
+  out->resize(static_cast<size_t>(local));
+  std::vector<Status> status(static_cast<size_t>(local));
+  std::vector<std::thread> threads;  // ncclCommInitRank waits for every rank: all at once
+  for (int i = 0; i < local; ++i) {
+    threads.emplace_back([&, i] {
+      status[static_cast<size_t>(i)] = specdec::dist::nccl_init_rank(
+          id, g.tp_size, g.node_rank * local + i, i, &(*out)[static_cast<size_t>(i)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (Status const& st : status) SPECDEC_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+#endif
 
 int generate(int argc, char** argv) {
   GenerateFlags g;
@@ -415,12 +482,36 @@ int generate(int argc, char** argv) {
     else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), have_topk = true;
     else if (f.is("--speculative-num-draft-tokens"))
       g.spec.num_draft_tokens = f.number<int>(), have_nodes = true;
+    else if (f.is("--tp-size")) g.tp_size = f.number<int>();
+    else if (f.is("--moe-split")) {
+      Status const ms = specdec::dist::parse_moe_split(f.value(), &g.moe_split);
+      if (!ms.ok()) fail_usage(ms.message());
+    }
+    else if (f.is("--nnodes")) g.nnodes = f.number<int>();
+    else if (f.is("--node-rank")) g.node_rank = f.number<int>();
+    else if (f.is("--dist-init-addr")) g.dist_init_addr = f.value();
     else f.unknown();
   }
   if (g.path.empty()) fail_usage("generate needs --model-path DIR");
   if (g.input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
   if (!have_max) fail_usage("generate needs --max-new-tokens N");
   if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
+  if (g.tp_size < 1) fail_usage("--tp-size " + std::to_string(g.tp_size) + ": must be >= 1");
+  if (g.nnodes < 1 || g.node_rank < 0 || g.node_rank >= g.nnodes) {
+    fail_usage("--nnodes " + std::to_string(g.nnodes) + " --node-rank " +
+               std::to_string(g.node_rank) + ": need nnodes >= 1 and 0 <= node-rank < nnodes");
+  }
+  if (g.nnodes > 1 && g.device != "cuda") {
+    fail_usage("--nnodes " + std::to_string(g.nnodes) +
+               " needs --device cuda (the CPU communicator is threads of one process)");
+  }
+  if (g.nnodes > 1 && (g.tp_size % g.nnodes != 0 || g.dist_init_addr.empty())) {
+    fail_usage("--nnodes " + std::to_string(g.nnodes) + " needs --tp-size a multiple of it (got " +
+               std::to_string(g.tp_size) + ") and --dist-init-addr HOST:PORT of node 0");
+  }
+  if (g.nnodes == 1 && !g.dist_init_addr.empty()) {
+    fail_usage("--dist-init-addr is for --nnodes > 1 (one process needs no rendezvous)");
+  }
   if (g.spec.algorithm != "NONE" && !(have_steps && have_topk && have_nodes)) {
     // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
     return finish(Status::InvalidArgument(
@@ -477,26 +568,51 @@ int generate(int argc, char** argv) {
   s = load_checkpoint(g.path, &m);
   if (!s.ok()) return finish(s);
   nlohmann::json j;
-  if (g.device == "cpu") {
+  // One rank: its shard of the target (all of it at --tp-size 1), then the engine.
+  specdec::dist::TpShard shard;
+  shard.size = g.tp_size;
+  shard.moe = g.moe_split;
+  shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
+  auto cpu_rank = [&](int rank, specdec::dist::CpuCommunicator* comm) -> Status {
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
     specdec::model::kimi::KimiCpuModel target;
-    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, &target);
-    if (!s.ok()) return finish(s);
-    s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CpuExecutor>(g, m, &target, ids, &j);
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, mine, comm, &target));
+    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return run_engine<P, specdec::CpuExecutor>(g, m, &target, ids, rank == 0, &j);
     });
-    if (!s.ok()) return finish(s);
+  };
+  if (g.device == "cpu" && g.tp_size == 1) s = cpu_rank(0, nullptr);
+  if (g.device == "cpu" && g.tp_size > 1) {
+    s = specdec::dist::run_ranks(g.tp_size, [&](int rank, specdec::dist::CpuCommunicator& c) {
+      return cpu_rank(rank, &c);
+    });
   }
 #if defined(__CUDACC__)
-  if (g.device == "cuda") {
+  auto cuda_rank = [&](int rank, specdec::dist::NcclCommunicator* comm) -> Status {
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
     specdec::model::kimi::KimiCudaModel target;
-    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, &target);
-    if (!s.ok()) return finish(s);
-    s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CudaExecutor>(g, m, &target, ids, &j);
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
+    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return run_engine<P, specdec::CudaExecutor>(g, m, &target, ids, rank == 0, &j);
     });
-    if (!s.ok()) return finish(s);
+  };
+  if (g.device == "cuda" && g.tp_size == 1) s = cuda_rank(0, nullptr);
+  if (g.device == "cuda" && g.tp_size > 1) {
+    std::vector<specdec::dist::NcclCommunicator> comms;
+    s = nccl_communicators(g, &comms);
+    if (s.ok()) {
+      s = specdec::dist::run_nccl_ranks(comms, [&](int rank, specdec::dist::NcclCommunicator& c) {
+        return cuda_rank(rank, &c);
+      });
+    }
   }
 #endif
+  if (!s.ok()) return finish(s);
+  if (j.is_null()) return 0;  // a process of --nnodes > 1 without global rank 0
   std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
   return 0;
 }

@@ -340,7 +340,9 @@ struct CudaTargetTensors {
 };
 
 inline CudaTargetTensors cuda_target_tensors_of(kimi::KimiCudaModel const& m) {
-  return {m.embed_tokens, m.lm_head, m.norm, m.config.rms_norm_eps};
+  // lm_head null when the target holds a vocabulary slice (tensor parallel, not replicate_lm_head)
+  bool const whole = m.vocab.size() == m.config.vocab_size;
+  return {m.embed_tokens, whole ? m.lm_head : nullptr, m.norm, m.config.rms_norm_eps};
 }
 
 class DraftCudaModel;
@@ -450,7 +452,8 @@ inline Status load_cuda_impl(std::string const& dir, io::DeepseekV3Config const&
       (tt.lm_head == nullptr || tt.final_norm == nullptr || !(tt.final_norm_eps > 0.0))) {
     return Status::InvalidArgument(
         dir +
-        ": an EAGLE-1/2 draft reads the target's lm_head and final norm (with its eps > 0); "
+        ": an EAGLE-1/2 draft reads the target's lm_head and final norm (with its eps > 0; a "
+        "tensor-parallel target holds its whole lm_head only with TpShard::replicate_lm_head); "
         "pass them in CudaTargetTensors (cuda_target_tensors_of)");
   }
   std::pair<uint16_t const*, char const*> const given[] = {{tt.embedding, "target embedding"},

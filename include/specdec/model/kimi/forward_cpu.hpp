@@ -62,11 +62,11 @@
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
 #include "specdec/dist/communicator.hpp"
-#include "specdec/dist/shard.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/model/kimi/shard.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/policy/layers.hpp"
 
@@ -111,7 +111,7 @@ struct KimiCpuModel {
   std::vector<float> norm;       // [H]
   std::vector<CpuLayerWeights> layers;
   dist::TpShard shard;                    // the part of the checkpoint this model holds
-  dist::CpuCommunicator* comm = nullptr;  // sums the ranks' partial outputs (shard.size > 1)
+  dist::CpuCommunicator* comm = nullptr;  // sums the ranks' partial outputs (null: size 1)
   int64_t heads = 0;                      // attention heads held: nh / P
   dist::Range experts;  // routed experts held (kExpertParallel: E / P of them; else all E)
   dist::Range vocab;    // lm_head rows held
@@ -121,41 +121,6 @@ struct KimiCpuModel {
 
 namespace detail {
 
-// The rank's ranges of heads, dense width, shared-expert width, experts, expert width and vocab.
-struct ShardRanges {
-  dist::Range heads, dense, shared, experts, expert_width, vocab;
-};
-
-inline Status shard_ranges(KimiWeights const& w, io::DeepseekV3Config const& c,
-                           dist::TpShard const& s, ShardRanges* out) {
-  using dist::shard_range;
-  SPECDEC_RETURN_IF_ERROR(shard_range(s, c.num_attention_heads, 1, "num_attention_heads", &out->heads));
-  SPECDEC_RETURN_IF_ERROR(shard_range(s, c.intermediate_size, 1, "intermediate_size", &out->dense));
-  int64_t const E = c.n_routed_experts, M = c.moe_intermediate_size;
-  SPECDEC_RETURN_IF_ERROR(shard_range(s, int64_t{c.n_shared_experts} * M, 1,
-                                      "the shared experts' width", &out->shared));
-  if (s.moe == dist::MoeSplit::kExpertParallel) {
-    SPECDEC_RETURN_IF_ERROR(shard_range(s, E, 1, "n_routed_experts (expert parallel)", &out->experts));
-    out->expert_width = {0, M};
-  } else {
-    out->experts = {0, E};
-    int64_t const align = w.experts_int4 && c.quantization ? c.quantization->group_size : 1;
-    SPECDEC_RETURN_IF_ERROR(shard_range(s, M, align,
-                                        w.experts_int4
-                                            ? "moe_intermediate_size (tensor-parallel INT4 experts "
-                                              "split on quantization groups)"
-                                            : "moe_intermediate_size (tensor-parallel experts)",
-                                        &out->expert_width));
-  }
-  if (s.replicate_lm_head) {
-    out->vocab = {0, c.vocab_size};
-  } else {
-    SPECDEC_RETURN_IF_ERROR(shard_range(s, c.vocab_size, 1, "vocab_size (lm_head split by vocabulary)",
-                                        &out->vocab));
-  }
-  return Status::Ok();
-}
-
 inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config const& c,
                                   dist::TpShard const& shard, dist::CpuCommunicator* comm,
                                   KimiCpuModel* out) {
@@ -163,12 +128,8 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
                          std::to_string(shard.rank) + " of " + std::to_string(shard.size) : "") +
                          "): ";
   SPECDEC_RETURN_IF_ERROR(check_model_supported(w, c, fn));
-  SPECDEC_RETURN_IF_ERROR(shard.check().prefixed(fn));
-  if (shard.size > 1 && (comm == nullptr || comm->size() != shard.size || comm->rank() != shard.rank)) {
-    return Status::InvalidArgument(fn + "a tensor-parallel shard needs the rank's communicator "
-                                        "(same rank and size)");
-  }
   ShardRanges R;
+  SPECDEC_RETURN_IF_ERROR(check_shard_communicator(shard, comm).prefixed(fn));
   SPECDEC_RETURN_IF_ERROR(shard_ranges(w, c, shard, &R).prefixed(fn));
   int const L = c.num_hidden_layers;
   int64_t const H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
@@ -178,7 +139,7 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
   KimiCpuModel m;
   m.config = c;
   m.shard = shard;
-  m.comm = shard.size > 1 ? comm : nullptr;
+  m.comm = comm;  // may be null at size 1; given at size 1, the partial-output path runs
   m.heads = R.heads.size();
   m.experts = R.experts;
   m.vocab = R.vocab;
@@ -279,8 +240,8 @@ inline Status load_cpu_model_impl(KimiWeights const& w, io::DeepseekV3Config con
 
 // Converts the weights of `weights` (bound for `config`) that tensor-parallel rank shard.rank
 // holds (dist/shard.hpp; all of them at size 1) to fp32 Eigen matrices, once, reading only those
-// bytes of the checkpoint. At shard.size > 1, `comm` is that rank's communicator (kept by the
-// model: the forward sums the ranks' partial outputs through it).
+// bytes of the checkpoint. `comm` is that rank's communicator (kept by the model: the forward sums
+// the ranks' partial outputs through it); it may be null at size 1.
 inline Status load_kimi_cpu_model(KimiWeights const& weights, io::DeepseekV3Config const& config,
                                   dist::TpShard const& shard, dist::CpuCommunicator* comm,
                                   KimiCpuModel* out) {

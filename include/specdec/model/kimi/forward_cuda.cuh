@@ -31,7 +31,8 @@
 //
 // Memory: the weights as stored (bf16 2 bytes / parameter, INT4 experts 0.5625), plus fp32 copies
 // of the routers and the scratch (grows with the largest batch seen). Kimi-K2.5 whole needs about
-// 600 GB: one GPU holds the tiny preset or a few layers; the multi-GPU split is separate work.
+// 600 GB: one GPU holds the tiny preset or a few layers; all of it needs tensor parallel over
+// several GPUs (load_kimi_cuda_model with a TpShard and the rank's NCCL communicator).
 //
 // Errors: everything forward_plan.hpp checks; a cache whose entries are not device memory; a
 // linear outside the routed experts stored as INT4 (the dense GEMMs are bf16); mixed bf16 / INT4
@@ -50,11 +51,13 @@
 
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/status.hpp"
+#include "specdec/dist/nccl.cuh"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/layer_kernels.cuh"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/model/kimi/shard.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/mla_attention/mla_attention.hpp"
 #include "specdec/ops/moe_experts/moe_experts.hpp"
@@ -92,20 +95,29 @@ struct CudaLayer {
   float const* bias = nullptr;         // fp32 [E] or null  (moe)
   bool has_shared_experts = false;
   CudaMlp shared_experts;
-  ops::MoeExpertWeights experts;       // device pointer tables (moe)
+  ops::MoeExpertWeights experts;       // device pointer tables of the experts held (moe)
 };
 
-// Device weights and the per-forward scratch of one model on one GPU. Move-only.
+// Device weights and the per-forward scratch of one model on one GPU. Move-only. A
+// tensor-parallel rank holds its shard (dist/shard.hpp; the CPU model's, forward_cpu.hpp): nh ->
+// heads, widths / P, experts, lm_head rows vocab; its forward sums the partial outputs through
+// comm (NCCL, on the forward's stream) and gathers the logits' vocabulary slices.
 class KimiCudaModel {
  public:
   io::DeepseekV3Config config;
   std::vector<double> inv_freq;  // host copy of rope_inv_freq(config)
   uint16_t const* embed_tokens = nullptr;  // bf16 [V, H]
-  uint16_t const* lm_head = nullptr;       // bf16 [V, H]
+  uint16_t const* lm_head = nullptr;       // bf16 [vocab.size(), H]
   uint16_t const* norm = nullptr;          // bf16 [H]
   double const* inv_freq_device = nullptr;  // [r/2]
   std::vector<CudaLayer> layers;
   uint64_t weight_bytes = 0;
+  dist::TpShard shard;
+  dist::NcclCommunicator* comm = nullptr;  // null: size 1 without NCCL
+  int64_t heads = 0;                       // attention heads held
+  dist::Range experts;                     // routed experts held
+  dist::Range vocab;                       // lm_head rows held
+  int64_t expert_width = 0;                // width of each routed expert held (I or I / P)
 
   KimiCudaModel() = default;
   KimiCudaModel(KimiCudaModel&&) = default;
@@ -117,6 +129,7 @@ class KimiCudaModel {
   // Scratch of a forward over T tokens; grown, never shrunk.
   struct Scratch {
     float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *u, *router, *moe_y, *moe_w, *logits, *aux;
+    float *part, *gathered;  // tensor parallel: a partial output [T, H]; logits slices [P, T, V/P]
     uint16_t *xn_bf, *q_bf, *qa_bf, *lat_bf, *o_bf, *h_bf;
     int32_t* ids;
     int32_t* meta;  // the batch's int32 metadata (forward_cuda's BatchMeta)
@@ -134,7 +147,7 @@ class KimiCudaModel {
   size_t scratch_bytes_ = 0;
 
   friend Status load_kimi_cuda_model(KimiWeights const&, io::DeepseekV3Config const&,
-                                     KimiCudaModel*);
+                                     dist::TpShard const&, dist::NcclCommunicator*, KimiCudaModel*);
   friend Status reserve_scratch(KimiCudaModel&, int64_t, int, int64_t, int64_t, Scratch*);
 };
 
@@ -203,46 +216,92 @@ struct DeviceCarver {
 
 }  // namespace detail
 
-// Device copy of `weights` (bound for `config`): one allocation for all the tensors, routers also
-// as fp32, expert pointer tables for ops::moe_experts.
+// Device copy of the part of `weights` (bound for `config`) that tensor-parallel rank shard.rank
+// holds (all of it at size 1), read from only those bytes of the checkpoint: one allocation for
+// all the tensors, routers also as fp32, expert pointer tables for ops::moe_experts. At
+// shard.size > 1, `comm` is that rank's NCCL communicator on this GPU (kept by the model; may be
+// null at size 1).
 inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
+                                   dist::TpShard const& shard, dist::NcclCommunicator* comm,
                                    KimiCudaModel* out) {
-  std::string const fn = "load_kimi_cuda_model (" + c.source + "): ";
+  std::string const fn = "load_kimi_cuda_model (" + c.source +
+                         (shard.size > 1 ? ", rank " + std::to_string(shard.rank) + " of " +
+                                               std::to_string(shard.size)
+                                         : "") +
+                         "): ";
   if (out == nullptr) return Status::InvalidArgument(fn + "out is null");
   SPECDEC_RETURN_IF_ERROR(detail::check_model_supported(w, c, fn));
+  SPECDEC_RETURN_IF_ERROR(check_shard_communicator(shard, comm).prefixed(fn));
+  ShardRanges R;
+  SPECDEC_RETURN_IF_ERROR(shard_ranges(w, c, shard, &R).prefixed(fn));
   int const L = c.num_hidden_layers;
-  int64_t const H = c.hidden_size, E = c.n_routed_experts;
+  int64_t const H = c.hidden_size, E = c.n_routed_experts, V = c.vocab_size;
+  int64_t const nh = c.num_attention_heads, dq = c.qk_nope_head_dim, r = c.qk_rope_head_dim;
+  int64_t const dv = c.v_head_dim, ckv = c.kv_lora_rank, qk = dq + r;
+  int64_t const h0 = R.heads.begin, h1 = R.heads.end;
   KimiCudaModel m;
   m.config = c;
+  m.shard = shard;
+  m.comm = comm;  // may be null at size 1; given at size 1, the partial-output path runs
+  m.heads = R.heads.size();
+  m.experts = R.experts;
+  m.vocab = R.vocab;
+  m.expert_width = R.expert_width.size();
   SPECDEC_RETURN_IF_ERROR(rope_inv_freq(c, &m.inv_freq).prefixed(fn));
 
   // Two passes over the same walk: sizing (carver.base null, nothing copied), then copying.
+  // A copy is `height` rows of `width` bytes, `pitch` bytes apart in the source (a shard's
+  // block of a row-major matrix), packed in the destination.
   struct Pending {
     void* dst;
     void const* src;
-    size_t bytes;
+    size_t width, pitch, height;
   };
   std::vector<Pending> copies;
   std::vector<std::vector<float>> floats_keep;  // fp32 conversions kept alive until copied
   std::vector<std::vector<uintptr_t>> tables_keep;
   detail::DeviceCarver carver;
-  auto bf16 = [&](TensorView const& v, std::string const& what, uint16_t const** dst) -> Status {
-    if (v.dtype != Dtype::kBF16) {
-      return Status::Unsupported(fn + what + " is " + std::string(dtype_name(v.dtype)) +
-                                 ": the CUDA executor reads bf16 tensors");
+  // Rows [r0, r1) x columns [c0, c1) of the row-major [rows, cols] tensor v (elements of T).
+  auto block = [&]<class T>(TensorView const& v, int64_t rows, int64_t cols, int64_t r0,
+                            int64_t r1, int64_t c0, int64_t c1, T** dst) -> void {
+    T* d = carver.take<T>((r1 - r0) * (c1 - c0));
+    if (carver.base) {
+      copies.push_back({d, v.bytes.data() + (r0 * cols + c0) * int64_t{sizeof(T)},
+                        static_cast<size_t>(c1 - c0) * sizeof(T),
+                        static_cast<size_t>(cols) * sizeof(T), static_cast<size_t>(r1 - r0)});
     }
-    uint16_t* d = carver.take<uint16_t>(static_cast<int64_t>(v.bytes.size() / 2));
-    if (carver.base) copies.push_back({d, v.bytes.data(), v.bytes.size()});
+    (void)rows;
+    *dst = d;
+  };
+  auto bf16_block = [&](TensorView const& v, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                        int64_t c0, int64_t c1, std::string const& what,
+                        uint16_t const** dst) -> Status {
+    if (v.dtype != Dtype::kBF16 || v.numel() != rows * cols) {
+      return Status::Unsupported(fn + what + " is " + std::string(dtype_name(v.dtype)) + " " +
+                                 io::format_shape(v.shape) + ": the CUDA executor reads bf16 [" +
+                                 std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    }
+    uint16_t* d = nullptr;
+    block(v, rows, cols, r0, r1, c0, c1, &d);
     *dst = d;
     return Status::Ok();
   };
-  auto linear = [&](LinearWeights const& lw, std::string const& what,
+  auto bf16 = [&](TensorView const& v, std::string const& what, uint16_t const** dst) -> Status {
+    int64_t const n = v.numel();
+    return bf16_block(v, 1, n, 0, 1, 0, n, what, dst);
+  };
+  // Rows [r0, r1) x columns [c0, c1) of the bf16 linear lw [o, i].
+  auto linear = [&](LinearWeights const& lw, int64_t o, int64_t i, int64_t r0, int64_t r1,
+                    int64_t c0, int64_t c1, std::string const& what,
                     uint16_t const** dst) -> Status {
     if (lw.int4) {
       return Status::Unsupported(fn + what + " is INT4; the CUDA executor reads INT4 only for the "
                                  "routed experts (list the module in quantization_config.ignore)");
     }
-    return bf16(lw.weight, what, dst);
+    return bf16_block(lw.weight, o, i, r0, r1, c0, c1, what, dst);
+  };
+  auto whole = [&](LinearWeights const& lw, std::string const& what, uint16_t const** dst) {
+    return linear(lw, lw.out, lw.in, 0, lw.out, 0, lw.in, what, dst);
   };
   auto f32 = [&](TensorView const& v, int64_t n, std::string const& what,
                  float const** dst) -> Status {
@@ -251,23 +310,30 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
     float* d = carver.take<float>(n);
     if (carver.base) {
       floats_keep.push_back(std::move(f));
-      copies.push_back({d, floats_keep.back().data(), static_cast<size_t>(n) * 4});
+      copies.push_back({d, floats_keep.back().data(), static_cast<size_t>(n) * 4,
+                        static_cast<size_t>(n) * 4, 1});
     }
     *dst = d;
     return Status::Ok();
   };
-  auto mlp = [&](MlpWeights const& mw, int64_t inter, std::string const& p, CudaMlp* o) -> Status {
-    o->inter = inter;
-    SPECDEC_RETURN_IF_ERROR(linear(mw.gate_proj, p + ".gate_proj", &o->gate_proj));
-    SPECDEC_RETURN_IF_ERROR(linear(mw.up_proj, p + ".up_proj", &o->up_proj));
-    return linear(mw.down_proj, p + ".down_proj", &o->down_proj);
+  // gate / up rows and down columns `part` of a bf16 MLP of width inter.
+  auto mlp = [&](MlpWeights const& mw, int64_t inter, dist::Range part, std::string const& p,
+                 CudaMlp* o) -> Status {
+    o->inter = part.size();
+    SPECDEC_RETURN_IF_ERROR(linear(mw.gate_proj, inter, H, part.begin, part.end, 0, H,
+                                   p + ".gate_proj", &o->gate_proj));
+    SPECDEC_RETURN_IF_ERROR(
+        linear(mw.up_proj, inter, H, part.begin, part.end, 0, H, p + ".up_proj", &o->up_proj));
+    return linear(mw.down_proj, H, inter, 0, H, part.begin, part.end, p + ".down_proj",
+                  &o->down_proj);
   };
   // A device array of E pointers (as T const* const*), filled from `ptrs` once the arena exists.
   auto table = [&]<class T>(std::vector<uintptr_t> ptrs, T const* const** dst) -> void {
     uintptr_t* d = carver.take<uintptr_t>(static_cast<int64_t>(ptrs.size()));
     if (carver.base) {
       tables_keep.push_back(std::move(ptrs));
-      copies.push_back({d, tables_keep.back().data(), tables_keep.back().size() * sizeof(uintptr_t)});
+      size_t const bytes = tables_keep.back().size() * sizeof(uintptr_t);
+      copies.push_back({d, tables_keep.back().data(), bytes, bytes, 1});
     }
     *dst = reinterpret_cast<T const* const*>(d);
   };
@@ -275,10 +341,13 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   auto walk = [&]() -> Status {
     m.layers.assign(static_cast<size_t>(L), CudaLayer{});
     SPECDEC_RETURN_IF_ERROR(bf16(w.embed_tokens, "embed_tokens", &m.embed_tokens));
-    SPECDEC_RETURN_IF_ERROR(bf16(w.lm_head, "lm_head", &m.lm_head));
+    SPECDEC_RETURN_IF_ERROR(
+        bf16_block(w.lm_head, V, H, R.vocab.begin, R.vocab.end, 0, H, "lm_head", &m.lm_head));
     SPECDEC_RETURN_IF_ERROR(bf16(w.norm, "norm", &m.norm));
     double* inv = carver.take<double>(static_cast<int64_t>(m.inv_freq.size()));
-    if (carver.base) copies.push_back({inv, m.inv_freq.data(), m.inv_freq.size() * 8});
+    if (carver.base) {
+      copies.push_back({inv, m.inv_freq.data(), m.inv_freq.size() * 8, m.inv_freq.size() * 8, 1});
+    }
     m.inv_freq_device = inv;
     for (int li = 0; li < L; ++li) {
       LayerWeights const& l = w.layers[static_cast<size_t>(li)];
@@ -290,20 +359,25 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
                                    &o.post_attention_layernorm));
       o.q_lora = l.q_lora;
       if (l.q_lora) {
-        SPECDEC_RETURN_IF_ERROR(linear(l.q_a_proj, a + "q_a_proj", &o.q_a_proj));
+        int64_t const ql = *c.q_lora_rank;
+        SPECDEC_RETURN_IF_ERROR(whole(l.q_a_proj, a + "q_a_proj", &o.q_a_proj));
         SPECDEC_RETURN_IF_ERROR(bf16(l.q_a_layernorm, a + "q_a_layernorm", &o.q_a_layernorm));
-        SPECDEC_RETURN_IF_ERROR(linear(l.q_b_proj, a + "q_b_proj", &o.q_b_proj));
+        SPECDEC_RETURN_IF_ERROR(linear(l.q_b_proj, nh * qk, ql, h0 * qk, h1 * qk, 0, ql,
+                                       a + "q_b_proj", &o.q_b_proj));
       } else {
-        SPECDEC_RETURN_IF_ERROR(linear(l.q_proj, a + "q_proj", &o.q_proj));
+        SPECDEC_RETURN_IF_ERROR(
+            linear(l.q_proj, nh * qk, H, h0 * qk, h1 * qk, 0, H, a + "q_proj", &o.q_proj));
       }
       SPECDEC_RETURN_IF_ERROR(
-          linear(l.kv_a_proj_with_mqa, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
+          whole(l.kv_a_proj_with_mqa, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
       SPECDEC_RETURN_IF_ERROR(bf16(l.kv_a_layernorm, a + "kv_a_layernorm", &o.kv_a_layernorm));
-      SPECDEC_RETURN_IF_ERROR(linear(l.kv_b_proj, a + "kv_b_proj", &o.kv_b_proj));
-      SPECDEC_RETURN_IF_ERROR(linear(l.o_proj, a + "o_proj", &o.o_proj));
+      SPECDEC_RETURN_IF_ERROR(linear(l.kv_b_proj, nh * (dq + dv), ckv, h0 * (dq + dv),
+                                     h1 * (dq + dv), 0, ckv, a + "kv_b_proj", &o.kv_b_proj));
+      SPECDEC_RETURN_IF_ERROR(
+          linear(l.o_proj, H, nh * dv, 0, H, h0 * dv, h1 * dv, a + "o_proj", &o.o_proj));
       o.moe = l.moe;
       if (!l.moe) {
-        SPECDEC_RETURN_IF_ERROR(mlp(l.mlp, c.intermediate_size, p + "mlp", &o.mlp));
+        SPECDEC_RETURN_IF_ERROR(mlp(l.mlp, c.intermediate_size, R.dense, p + "mlp", &o.mlp));
         continue;
       }
       SPECDEC_RETURN_IF_ERROR(f32(l.gate, E * H, p + "mlp.gate.weight", &o.gate));
@@ -314,7 +388,7 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
       o.has_shared_experts = l.has_shared_experts;
       if (l.has_shared_experts) {
         SPECDEC_RETURN_IF_ERROR(mlp(l.shared_experts,
-                                    int64_t{c.n_shared_experts} * c.moe_intermediate_size,
+                                    int64_t{c.n_shared_experts} * c.moe_intermediate_size, R.shared,
                                     p + "mlp.shared_experts", &o.shared_experts));
       }
       bool const int4 = l.experts[0].gate_proj.int4;
@@ -322,7 +396,9 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
       o.experts.int4 = int4;
       o.experts.group_size = int4 ? l.experts[0].gate_proj.group_size : 0;
       std::vector<uintptr_t> t[6];
-      for (int64_t e = 0; e < E; ++e) {
+      int64_t const M = c.moe_intermediate_size, m0 = R.expert_width.begin;
+      int64_t const m1 = R.expert_width.end;
+      for (int64_t e = R.experts.begin; e < R.experts.end; ++e) {
         MlpWeights const& x = l.experts[static_cast<size_t>(e)];
         std::string const pe = p + "mlp.experts." + std::to_string(e);
         LinearWeights const* lin[3] = {&x.gate_proj, &x.up_proj, &x.down_proj};
@@ -334,20 +410,31 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
                                        "mlp.experts.0.gate_proj is " + (int4 ? "INT4" : "bf16") +
                                        " (one format and group size per layer)");
           }
+          // gate / up: rows [m0, m1) of [M, H]; down: columns [m0, m1) of [H, M]
+          bool const down = k == 2;
+          int64_t const o_n = down ? H : M, i_n = down ? M : H;
+          int64_t const r0 = down ? 0 : m0, r1 = down ? H : m1, c0 = down ? m0 : 0;
+          int64_t const c1 = down ? m1 : H;
           if (int4) {
+            int64_t const g = o.experts.group_size;
             TensorView const& pk = lin[k]->weight_packed;
             TensorView const& sc = lin[k]->weight_scale;
-            int32_t* dp = carver.take<int32_t>(static_cast<int64_t>(pk.bytes.size() / 4));
-            uint16_t* ds = carver.take<uint16_t>(static_cast<int64_t>(sc.bytes.size() / 2));
-            if (carver.base) {
-              copies.push_back({dp, pk.bytes.data(), pk.bytes.size()});
-              copies.push_back({ds, sc.bytes.data(), sc.bytes.size()});
+            if (pk.numel() != o_n * (i_n / 8) || sc.numel() != o_n * (i_n / g)) {
+              return Status::Unsupported(fn + pe + names[k] + ": INT4 tensors of " +
+                                         io::format_shape(pk.shape) + " / " +
+                                         io::format_shape(sc.shape) + ", expected [" +
+                                         std::to_string(o_n) + ", " + std::to_string(i_n) +
+                                         "] in groups of " + std::to_string(g));
             }
+            int32_t* dp = nullptr;
+            uint16_t* ds = nullptr;
+            block(pk, o_n, i_n / 8, r0, r1, c0 / 8, c1 / 8, &dp);
+            block(sc, o_n, i_n / g, r0, r1, c0 / g, c1 / g, &ds);
             t[2 * k].push_back(reinterpret_cast<uintptr_t>(dp));
             t[2 * k + 1].push_back(reinterpret_cast<uintptr_t>(ds));
           } else {
             uint16_t const* d = nullptr;
-            SPECDEC_RETURN_IF_ERROR(bf16(lin[k]->weight, pe + names[k], &d));
+            SPECDEC_RETURN_IF_ERROR(linear(*lin[k], o_n, i_n, r0, r1, c0, c1, pe + names[k], &d));
             t[2 * k].push_back(reinterpret_cast<uintptr_t>(d));
           }
         }
@@ -377,7 +464,8 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   carver = detail::DeviceCarver{m.arena_.data(), 0};
   SPECDEC_RETURN_IF_ERROR(walk());  // the device addresses, and the copies to make
   for (auto const& cp : copies) {
-    SPECDEC_CUDA_TRY(cudaMemcpy(cp.dst, cp.src, cp.bytes, cudaMemcpyHostToDevice));
+    SPECDEC_CUDA_TRY(cudaMemcpy2D(cp.dst, cp.width, cp.src, cp.pitch, cp.width, cp.height,
+                                  cudaMemcpyHostToDevice));
   }
   cublasHandle_t h = nullptr;
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
@@ -386,20 +474,26 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   return Status::Ok();
 }
 
+inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
+                                   KimiCudaModel* out) {
+  return load_kimi_cuda_model(w, c, dist::TpShard{}, nullptr, out);
+}
+
 // Makes *s point at scratch for T tokens, A aux layers, a batch of B requests with metadata of
 // `meta_ints` int32 values and an attention over at most max_slots slots.
 inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_ints,
                               int64_t max_slots, KimiCudaModel::Scratch* s) {
   io::DeepseekV3Config const& c = m.config;
-  int64_t const H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
+  int64_t const H = c.hidden_size, V = c.vocab_size, nh = m.heads;
   int64_t const qk = c.qk_nope_head_dim + c.qk_rope_head_dim, ckv = c.kv_lora_rank;
   int64_t const W = ckv + c.qk_rope_head_dim, dv = c.v_head_dim, E = c.n_routed_experts;
   int64_t const ql = c.q_lora_rank.value_or(0), K = c.num_experts_per_tok;
   int64_t const inter = std::max<int64_t>(
       {c.intermediate_size, int64_t{c.n_shared_experts} * c.moe_intermediate_size, 1});
+  bool const tp = m.comm != nullptr;
   size_t const moe_ws = ops::moe_experts_workspace_bytes(
-      static_cast<int>(T), static_cast<int>(K), static_cast<int>(E), static_cast<int>(H),
-      c.moe_intermediate_size);
+      static_cast<int>(T), static_cast<int>(K), static_cast<int>(m.experts.size()),
+      static_cast<int>(H), static_cast<int>(m.expert_width));
   size_t const att_ws = ops::mla_attention_workspace_bytes(
       static_cast<int>(T), static_cast<int>(nh), static_cast<int>(ckv), static_cast<int>(max_slots));
   auto carve = [&](detail::DeviceCarver& cv) {
@@ -417,6 +511,8 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
     s->moe_w = cv.take<float>(T * K);
     s->logits = cv.take<float>(T * V);
     s->aux = cv.take<float>(T * A * H);
+    s->part = tp ? cv.take<float>(T * H) : nullptr;
+    s->gathered = tp && m.vocab.size() != V ? cv.take<float>(T * V) : nullptr;
     s->xn_bf = cv.take<uint16_t>(T * H);
     s->q_bf = cv.take<uint16_t>(T * nh * qk);
     s->qa_bf = cv.take<uint16_t>(T * ql);
@@ -520,9 +616,10 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
   return Status::Ok();
 }
 
-// x += down(silu(xn gate^T) * (xn up^T)) over T tokens.
+// y = beta y + down(silu(xn gate^T) * (xn up^T)) over T tokens, y [T, H] fp32.
 inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
-                          KimiCudaModel::Scratch const& s, cudaStream_t stream) {
+                          KimiCudaModel::Scratch const& s, float* y, float beta,
+                          cudaStream_t stream) {
   int64_t const H = m.config.hidden_size, I = w.inter;
   cublasHandle_t const h = m.cublas();
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, I, H, s.xn_bf, H, w.gate_proj, s.g, CUDA_R_32F, I, 0.0f,
@@ -530,7 +627,19 @@ inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
   SPECDEC_RETURN_IF_ERROR(
       gemm_bf16(h, T, I, H, s.xn_bf, H, w.up_proj, s.u, CUDA_R_32F, I, 0.0f, "gemm up_proj"));
   SPECDEC_RETURN_IF_ERROR(cuda::silu_mul_bf16(s.g, s.u, T * I, s.h_bf, stream));
-  return gemm_bf16(h, T, H, I, s.h_bf, I, w.down_proj, s.x, CUDA_R_32F, H, 1.0f, "gemm down_proj");
+  return gemm_bf16(h, T, H, I, s.h_bf, I, w.down_proj, y, CUDA_R_32F, H, beta, "gemm down_proj");
+}
+
+// The tensor-parallel sum of `part` [T, H] (this rank's partial output) added to x; at size 1
+// part is x itself and there is nothing to do.
+inline Status cuda_reduce_into_x(KimiCudaModel const& m, int64_t T, float* part,
+                                 KimiCudaModel::Scratch const& s) {
+  if (part == s.x) return Status::Ok();
+  int64_t const H = m.config.hidden_size;
+  if (m.comm != nullptr) SPECDEC_RETURN_IF_ERROR(m.comm->all_reduce_sum(part, T * H));
+  float const one = 1.0f;
+  return cublas_status(cublasSaxpy(m.cublas(), static_cast<int>(T * H), &one, part, 1, s.x, 1),
+                       "saxpy partial output");
 }
 
 inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, BatchMeta const& bm,
@@ -538,7 +647,7 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
                              KimiCudaModel::Scratch const& s, cudaStream_t stream) {
   io::DeepseekV3Config const& c = m.config;
   CudaLayer const& l = m.layers[static_cast<size_t>(li)];
-  int64_t const H = c.hidden_size, nh = c.num_attention_heads, dq = c.qk_nope_head_dim;
+  int64_t const H = c.hidden_size, nh = m.heads, dq = c.qk_nope_head_dim;
   int64_t const r = c.qk_rope_head_dim, dv = c.v_head_dim, ckv = c.kv_lora_rank;
   int64_t const qk = dq + r, W = ckv + r;
   double const eps = c.rms_norm_eps;
@@ -631,15 +740,22 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
           static_cast<int>(nh * ckv), ckv, &zero, s.o_bf, CUDA_R_16BF, static_cast<int>(nh * dv),
           dv, static_cast<int>(nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "gemm attention output (W_UV)"));
-  return gemm_bf16(h, T, H, nh * dv, s.o_bf, nh * dv, l.o_proj, s.x, CUDA_R_32F, H, 1.0f,
-                   "gemm o_proj");
+  // x += o o_proj^T (tensor parallel: this rank's heads' share, summed over the ranks)
+  float* const part = m.comm ? s.part : s.x;
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, H, nh * dv, s.o_bf, nh * dv, l.o_proj, part, CUDA_R_32F,
+                                    H, m.comm ? 0.0f : 1.0f, "gemm o_proj"));
+  return cuda_reduce_into_x(m, T, part, s);
 }
 
 inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel::Scratch const& s,
                        cudaStream_t stream) {
   io::DeepseekV3Config const& c = m.config;
   CudaLayer const& l = m.layers[static_cast<size_t>(li)];
-  if (!l.moe) return cuda_swiglu(m, l.mlp, T, s, stream);
+  if (!l.moe) {
+    float* const part = m.comm ? s.part : s.x;
+    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.mlp, T, s, part, m.comm ? 0.0f : 1.0f, stream));
+    return cuda_reduce_into_x(m, T, part, s);
+  }
   int64_t const H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   float const one = 1.0f, zero = 0.0f;
   // Router logits [T, E] in fp32: column-major logits^T [E, T] = gate [E, H] xn^T.
@@ -661,14 +777,18 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   rp.ids = s.ids;
   rp.weights = s.moe_w;
   SPECDEC_RETURN_IF_ERROR(ops::moe_route(CudaExecutor{stream}, rp));
+  if (m.experts.size() != E) {  // expert parallel: ids of this rank's experts, -1 for the others'
+    SPECDEC_RETURN_IF_ERROR(
+        cuda::localize_expert_ids(s.ids, T * K, m.experts.begin, m.experts.end, stream));
+  }
   ops::MoeExpertsParams ep;
   ep.x = s.xn;
   ep.ids = s.ids;
   ep.weights = s.moe_w;
   ep.tokens = static_cast<int>(T);
   ep.hidden = static_cast<int>(H);
-  ep.inter = c.moe_intermediate_size;
-  ep.experts = static_cast<int>(E);
+  ep.inter = static_cast<int>(m.expert_width);
+  ep.experts = static_cast<int>(m.experts.size());
   ep.top_k = static_cast<int>(K);
   ep.w = l.experts;
   ep.y = s.moe_y;
@@ -676,7 +796,11 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   ep.workspace_bytes =
       ops::moe_experts_workspace_bytes(ep.tokens, ep.top_k, ep.experts, ep.hidden, ep.inter);
   SPECDEC_RETURN_IF_ERROR(ops::moe_experts(CudaExecutor{stream}, ep));
-  if (l.has_shared_experts) SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, stream));
+  // moe_y += the shared experts; tensor parallel: summed over the ranks; then x += moe_y
+  if (l.has_shared_experts) {
+    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, s.moe_y, 1.0f, stream));
+  }
+  if (m.comm != nullptr) SPECDEC_RETURN_IF_ERROR(m.comm->all_reduce_sum(s.moe_y, T * H));
   return cublas_status(cublasSaxpy(m.cublas(), static_cast<int>(T * H), &one, s.moe_y, 1, s.x, 1),
                        "saxpy moe output");
 }
@@ -696,6 +820,7 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
                                    cudaMemcpyHostToDevice, stream));
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasSetStream(m.cublas(), stream), "cublasSetStream"));
+  if (m.comm != nullptr) m.comm->bind_stream(stream);
   auto capture = [&](int id) -> Status {
     for (int a = 0; a < A; ++a) {
       if (aux_layers[static_cast<size_t>(a)] != id) continue;
@@ -723,8 +848,18 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, m.norm, T, static_cast<int>(H),
                                               c.rms_norm_eps, nullptr, 0, nullptr, s.xn_bf, H,
                                               stream));
-  SPECDEC_RETURN_IF_ERROR(
-      gemm_bf16(m.cublas(), T, V, H, s.xn_bf, H, m.lm_head, s.logits, CUDA_R_32F, V, 0.0f, "gemm lm_head"));
+  int64_t const Vp = m.vocab.size();
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(m.cublas(), T, Vp, H, s.xn_bf, H, m.lm_head, s.logits,
+                                    CUDA_R_32F, Vp, 0.0f, "gemm lm_head"));
+  if (Vp != V) {  // the ranks' slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
+    SPECDEC_RETURN_IF_ERROR(m.comm->all_gather(s.logits, T * Vp, s.gathered));
+    for (int q = 0; q < m.shard.size; ++q) {
+      SPECDEC_CUDA_TRY(cudaMemcpy2DAsync(s.logits + q * Vp, static_cast<size_t>(V) * 4,
+                                         s.gathered + q * T * Vp, static_cast<size_t>(Vp) * 4,
+                                         static_cast<size_t>(Vp) * 4, static_cast<size_t>(T),
+                                         cudaMemcpyDeviceToDevice, stream));
+    }
+  }
   out->logits = s.logits;
   out->aux = A > 0 ? s.aux : nullptr;
   out->tokens = T;
@@ -736,7 +871,9 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
 inline Status cuda_check(std::string const& fn, KimiCudaModel const& m, MlaCache const* cache,
                          CudaForwardOutput const* out) {
   if (out == nullptr) return Status::InvalidArgument(fn + "out is null");
-  if (!m.loaded()) return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cuda_model)");
+  if (!m.loaded() || m.heads <= 0) {
+    return Status::InvalidArgument(fn + "the model is not loaded (load_kimi_cuda_model)");
+  }
   if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
   cudaPointerAttributes attr{};
   if (!cache->external() || cudaPointerGetAttributes(&attr, cache->entries()) != cudaSuccess ||

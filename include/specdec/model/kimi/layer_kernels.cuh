@@ -10,6 +10,8 @@
 //                   double; in == out allowed
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u (silu as forward_reference's)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
+//   localize_expert_ids  ids [n] := local_expert_id(id, begin, end): an expert-parallel rank's
+//                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
 // Every launcher takes a stream, never synchronises and returns the launch status.
 #pragma once
 
@@ -150,6 +152,26 @@ inline Status to_bf16(float const* x, int64_t n, uint16_t* y, cudaStream_t strea
   if (n == 0) return Status::Ok();
   to_bf16_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(x, n, y);
   return cuda_launch_status("to_bf16");
+}
+
+// An expert-parallel rank holds experts [begin, end): expert id is its local expert id - begin;
+// any other is -1, an id ops::moe_experts's kernels skip (the rank holding it adds its share).
+__host__ __device__ constexpr int32_t local_expert_id(int32_t id, int64_t begin, int64_t end) {
+  return id >= begin && id < end ? static_cast<int32_t>(id - begin) : -1;
+}
+
+static __global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t begin,
+                                                  int64_t end) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) ids[i] = local_expert_id(ids[i], begin, end);
+}
+
+inline Status localize_expert_ids(int32_t* ids, int64_t n, int64_t begin, int64_t end,
+                                  cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  localize_expert_ids_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
+      ids, n, begin, end);
+  return cuda_launch_status("localize_expert_ids");
 }
 
 }  // namespace specdec::model::kimi::cuda

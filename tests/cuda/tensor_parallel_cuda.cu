@@ -1,0 +1,296 @@
+// Tensor parallel on the GPUs through NCCL, over every visible GPU (world size 1 on a one-GPU
+// machine: the sharded forward's partial-output path, a one-rank all-reduce, still runs):
+//   * the NCCL communicator's all-reduce, all-gather, broadcast and barrier give the CPU
+//     communicator's results on device memory, the same on every rank;
+//   * with two or more GPUs, a rank that fails aborts the others' pending collectives (an error,
+//     not a hang);
+//   * the tiny target sharded over the GPUs (expert- and tensor-parallel experts, bf16 and INT4
+//     experts) gives the CPU model's logits within bf16 rounding, the same on every rank;
+//   * greedy generation over the sharded target, without a draft, with an n-gram chain and with
+//     an EAGLE-3 tree (the draft replicated: each rank loads it over its own shard), gives the
+//     same tokens on every rank and the single-GPU engine's plain tokens except at near-ties.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/dist/nccl.cuh"
+#include "specdec/engine/spec_engine.hpp"
+#include "specdec/model/eagle/forward_cuda.cuh"
+#include "specdec/model/kimi/forward_cuda.cuh"
+#include "support/engine_cases.hpp"
+#include "support/kimi_model.hpp"
+#include "support/testing.hpp"
+
+namespace {
+
+using namespace specdec;
+using dist::MoeSplit;
+using dist::NcclCommunicator;
+using dist::TpShard;
+namespace kimi = specdec::model::kimi;
+namespace eagle = specdec::model::eagle;
+
+constexpr double kLogitTol = 2e-2;  // bf16 activations (cuda.kimi_forward_cuda's tolerance)
+
+template <class T>
+Status to_host(DeviceBuffer<T> const& d, std::vector<T>* h) {
+  h->resize(d.size());
+  return cuda_status(cudaMemcpy(h->data(), d.data(), d.size() * sizeof(T), cudaMemcpyDeviceToHost),
+                     "cudaMemcpy (test download)");
+}
+
+std::vector<int> visible_gpus() {
+  int n = 0;
+  REQUIRE(cudaGetDeviceCount(&n) == cudaSuccess);
+  std::vector<int> d(static_cast<size_t>(n));
+  std::iota(d.begin(), d.end(), 0);
+  return d;
+}
+
+// One NCCL communicator per visible GPU, or a message and false when built without NCCL.
+bool init_comms(std::vector<NcclCommunicator>* comms) {
+  if (!dist::kHaveNccl) {
+    MESSAGE("specdec was built without NCCL: the NCCL path is not tested here");
+    return false;
+  }
+  Status const s = dist::nccl_init_all(visible_gpus(), comms);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  return true;
+}
+
+TEST_CASE("NCCL communicator: collectives over every visible GPU agree on every rank") {
+  std::vector<NcclCommunicator> comms;
+  if (!init_comms(&comms)) return;
+  int const P = static_cast<int>(comms.size());
+  int64_t const n = 4099;
+  std::vector<std::vector<float>> reduced(P), gathered(P);
+  std::vector<std::vector<std::byte>> bcast(P);
+  Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
+    cudaStream_t stream = nullptr;
+    SPECDEC_CUDA_TRY(cudaStreamCreate(&stream));
+    c.bind_stream(stream);
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.25f * float(rank + 1) + 1e-3f * float(i % 97);
+    DeviceBuffer<float> dx(x), din(x), dout(static_cast<size_t>(P * n));
+    DeviceBuffer<std::byte> db(std::vector<std::byte>(5, std::byte(rank + 1)));
+    SPECDEC_RETURN_IF_ERROR(c.all_reduce_sum(dx.data(), n));
+    SPECDEC_RETURN_IF_ERROR(c.all_gather(din.data(), n, dout.data()));
+    SPECDEC_RETURN_IF_ERROR(c.broadcast(db.data(), 5, P - 1));
+    SPECDEC_RETURN_IF_ERROR(c.barrier());
+    SPECDEC_RETURN_IF_ERROR(to_host(dx, &reduced[rank]));
+    SPECDEC_RETURN_IF_ERROR(to_host(dout, &gathered[rank]));
+    SPECDEC_RETURN_IF_ERROR(to_host(db, &bcast[rank]));
+    return cuda_status(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  });
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  for (int r = 0; r < P; ++r) {
+    CHECK(reduced[r] == reduced[0]);
+    CHECK(bcast[r] == std::vector<std::byte>(5, std::byte(P)));
+    for (int q = 0; q < P; ++q) {
+      CHECK(gathered[r][size_t(q * n + 7)] == 0.25f * float(q + 1) + 1e-3f * 7.0f);
+    }
+  }
+  for (int64_t i : {int64_t{0}, int64_t{1000}, n - 1}) {
+    double want = 0.0;
+    for (int q = 0; q < P; ++q) want += 0.25f * float(q + 1) + 1e-3f * float(i % 97);
+    CHECK(reduced[0][i] == doctest::Approx(want).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("run_nccl_ranks: a failing rank aborts the others' pending collectives") {
+  std::vector<NcclCommunicator> comms;
+  if (!init_comms(&comms)) return;
+  if (comms.size() < 2) {
+    MESSAGE("one GPU visible: a failing peer needs two ranks (runs on a multi-GPU machine)");
+    return;
+  }
+  Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
+    if (rank == 1) return Status::MalformedInput("shard 1 is corrupt");
+    cudaStream_t stream = nullptr;
+    SPECDEC_CUDA_TRY(cudaStreamCreate(&stream));
+    c.bind_stream(stream);
+    DeviceBuffer<float> x(std::vector<float>(16, 1.0f));
+    Status r = c.all_reduce_sum(x.data(), 16);
+    if (r.ok()) r = c.synchronize(std::chrono::seconds(60));
+    return r;  // never ok: rank 1 never joins
+  });
+  REQUIRE(!s.ok());
+  CHECK(s.message() == "rank 1 of " + std::to_string(comms.size()) + ": shard 1 is corrupt");
+}
+
+struct Tiny {
+  testing::TempDir tmp;
+  testing::TinyKimi bf16, int4;
+  kimi::KimiCpuModel cpu_bf16, cpu_int4;
+};
+
+Tiny& tiny() {
+  static Tiny t;
+  static bool const loaded = [] {
+    testing::load_tiny_kimi(t.tmp.path / "bf16", /*int4=*/false, 11, &t.bf16);
+    testing::load_tiny_kimi(t.tmp.path / "int4", /*int4=*/true, 12, &t.int4);
+    REQUIRE(kimi::load_kimi_cpu_model(t.bf16.weights, t.bf16.config, &t.cpu_bf16).ok());
+    REQUIRE(kimi::load_kimi_cpu_model(t.int4.weights, t.int4.config, &t.cpu_int4).ok());
+    return true;
+  }();
+  (void)loaded;
+  return t;
+}
+
+// A prefill of two prompts and one decode token each: the logits of both calls, on the host.
+Status forward_logits(kimi::KimiCudaModel& m, std::vector<float>* out) {
+  kimi::KimiCudaCache cache;
+  SPECDEC_RETURN_IF_ERROR(kimi::KimiCudaCache::create_for(m.config, 16, 8, 4, &cache));
+  std::vector<kimi::RequestId> const ids = {3, 9};
+  for (auto id : ids) SPECDEC_RETURN_IF_ERROR(cache.table.add_request(id));
+  std::vector<int32_t> const counts = {5, 9};
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 14; ++i) tokens.push_back((37 * i + 11) % int(m.config.vocab_size));
+  kimi::CudaForwardOutput o;
+  SPECDEC_RETURN_IF_ERROR(
+      kimi::kimi_prefill(CudaExecutor{}, m, &cache.table, ids, counts, tokens, {}, &o));
+  SPECDEC_RETURN_IF_ERROR(kimi::copy_to_host(o.logits, o.tokens * o.vocab, nullptr, out));
+  std::vector<int32_t> const next = {7, 300};
+  SPECDEC_RETURN_IF_ERROR(kimi::kimi_decode(CudaExecutor{}, m, &cache.table, ids, next, {}, &o));
+  std::vector<float> more;
+  SPECDEC_RETURN_IF_ERROR(kimi::copy_to_host(o.logits, o.tokens * o.vocab, nullptr, &more));
+  out->insert(out->end(), more.begin(), more.end());
+  return Status::Ok();
+}
+
+// The same calls on the CPU model (the oracle).
+std::vector<float> cpu_logits(kimi::KimiCpuModel const& m) {
+  kimi::MlaCache cache;
+  REQUIRE(kimi::MlaCache::create_for(m.config, 16, 8, 4, &cache).ok());
+  std::vector<kimi::RequestId> const ids = {3, 9};
+  for (auto id : ids) REQUIRE(cache.add_request(id).ok());
+  std::vector<int32_t> const counts = {5, 9};
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 14; ++i) tokens.push_back((37 * i + 11) % int(m.config.vocab_size));
+  std::vector<float> logits, all;
+  REQUIRE(
+      kimi::kimi_prefill(CpuExecutor{}, m, &cache, ids, counts, tokens, {}, &logits, nullptr).ok());
+  all = logits;
+  std::vector<int32_t> const next = {7, 300};
+  REQUIRE(kimi::kimi_decode(CpuExecutor{}, m, &cache, ids, next, {}, &logits, nullptr).ok());
+  all.insert(all.end(), logits.begin(), logits.end());
+  return all;
+}
+
+TEST_CASE("Kimi CUDA tensor parallel over NCCL: logits match the CPU model on every rank") {
+  for (bool int4 : {false, true}) {
+    for (MoeSplit split : {MoeSplit::kExpertParallel, MoeSplit::kTensorParallel}) {
+      std::vector<NcclCommunicator> comms;
+      if (!init_comms(&comms)) return;
+      int const P = static_cast<int>(comms.size());
+      testing::TinyKimi const& t = int4 ? tiny().int4 : tiny().bf16;
+      // INT4 experts of width 32 split on 32-value groups only at P = 1
+      if (int4 && split == MoeSplit::kTensorParallel && P > 1) continue;
+      CAPTURE(int4);
+      CAPTURE(dist::moe_split_name(split));
+      CAPTURE(P);
+      std::vector<float> const want = cpu_logits(int4 ? tiny().cpu_int4 : tiny().cpu_bf16);
+      std::vector<std::vector<float>> got(P);
+      Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
+        kimi::KimiCudaModel m;
+        SPECDEC_RETURN_IF_ERROR(
+            kimi::load_kimi_cuda_model(t.weights, t.config, TpShard{rank, P, split}, &c, &m));
+        if (m.heads != t.config.num_attention_heads / P) return Status::Internal("heads");
+        return forward_logits(m, &got[rank]);
+      });
+      REQUIRE_MESSAGE(s.ok(), s.to_string());
+      for (int r = 0; r < P; ++r) CHECK(got[r] == got[0]);
+      REQUIRE(got[0].size() == want.size());
+      testing::MaxDiff d;
+      d.add(got[0].data(), want.data(), int64_t(want.size()));
+      CHECK_MESSAGE(d.rel() < kLogitTol, "max rel diff " << d.rel());
+    }
+  }
+}
+
+// want and got agree, or part where the CPU model's top-2 gap is a near-tie.
+void check_same_or_near_tie(std::vector<int32_t> const& prompt, std::vector<int32_t> const& want,
+                            std::vector<int32_t> const& got) {
+  size_t k = 0;
+  while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
+  if (k == want.size() && k == got.size()) return;
+  REQUIRE(k < want.size());
+  REQUIRE(k < got.size());
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
+  std::vector<float> row = testing::last_logits_cpu(tiny().cpu_bf16, context);
+  double scale = 0.0;
+  for (float v : row) scale = std::max(scale, std::fabs(double(v)));
+  std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
+  double const gap = double(row[0]) - row[1];
+  MESSAGE("parted at step ", k, ": ", want[k], " vs ", got[k], ", cpu top-2 gap ", gap);
+  CHECK_MESSAGE(gap <= kLogitTol * scale, "parting at step ", k, " is not at a near-tie");
+}
+
+// `requests` through SpecEngine<Policy, CudaExecutor> over the tiny bf16 target sharded on every
+// visible GPU; rank 0's outputs (every rank's must be the same).
+template <class Policy>
+std::vector<std::vector<int32_t>> tp_generate(std::vector<engine::GenerationRequest> const& req,
+                                              std::filesystem::path const& draft_dir) {
+  std::vector<NcclCommunicator> comms;
+  REQUIRE(dist::nccl_init_all(visible_gpus(), &comms).ok());
+  int const P = static_cast<int>(comms.size());
+  testing::TinyKimi const& t = tiny().bf16;
+  std::vector<std::vector<std::vector<int32_t>>> out(static_cast<size_t>(P));
+  Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
+    using Engine = engine::SpecEngine<Policy, CudaExecutor>;
+    kimi::KimiCudaModel m;
+    SPECDEC_RETURN_IF_ERROR(
+        kimi::load_kimi_cuda_model(t.weights, t.config, TpShard{rank, P}, &c, &m));
+    eagle::DraftCudaModel draft;
+    if constexpr (Engine::kDraftsWithModel) {
+      SPECDEC_RETURN_IF_ERROR(eagle::load_draft_cuda_model(
+          draft_dir.string(), t.config, eagle::cuda_target_tensors_of(m), Policy::kKind,
+          Policy::Layers::ids(), "the test policy", &draft));
+    }
+    Engine e;
+    SPECDEC_RETURN_IF_ERROR(
+        Engine::create(&m, Engine::kDraftsWithModel ? &draft : nullptr, {}, &e));
+    std::vector<engine::GenerationResult> results;
+    SPECDEC_RETURN_IF_ERROR(e.generate(req, &results, nullptr));
+    for (auto const& r : results) out[size_t(rank)].push_back(r.output_ids);
+    return Status::Ok();
+  });
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  for (int r = 1; r < P; ++r) CHECK(out[size_t(r)] == out[0]);
+  return out[0];
+}
+
+TEST_CASE("Kimi CUDA tensor parallel over NCCL: greedy tokens with and without speculation") {
+  if (!dist::kHaveNccl) {
+    MESSAGE("specdec was built without NCCL: the NCCL path is not tested here");
+    return;
+  }
+  testing::TinyKimi const& t = tiny().bf16;
+  testing::TempDir draft_dir;
+  testing::write_tiny_draft(draft_dir.path, t.config, DraftKind::kEagle3);
+  auto const requests = testing::mixed_requests(int(t.config.vocab_size), false);
+  // the single-GPU engine's plain tokens, no communicator
+  kimi::KimiCudaModel single;
+  REQUIRE(kimi::load_kimi_cuda_model(t.weights, t.config, &single).ok());
+  auto const want =
+      testing::run_engine<testing::Plain, CudaExecutor>(&single, nullptr, requests, nullptr);
+  auto check = [&](std::vector<std::vector<int32_t>> const& got) {
+    REQUIRE(got.size() == want.size());
+    for (size_t r = 0; r < want.size(); ++r) {
+      CAPTURE(r);
+      check_same_or_near_tie(requests[r].prompt, want[r].output_ids, got[r]);
+    }
+  };
+  check(tp_generate<testing::Plain>(requests, {}));
+  check(tp_generate<testing::NG<Chain<3>>>(requests, {}));
+  check(tp_generate<testing::E3<TreeShape<2, 3, 6>>>(requests, draft_dir.path));
+}
+
+}  // namespace
