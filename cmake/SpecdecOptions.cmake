@@ -62,3 +62,20 @@ if(SPECDEC_CUDA)
                    "communicator still is)")
   endif()
 endif()
+
+# PCRE2 (Debian's libpcre2-dev), optional: the tokenizer's split pattern. Found: the interface
+# target specdec::tokenizer (specdec + PCRE2, SPECDEC_HAVE_PCRE2=1) for code that includes
+# io/tokenizer.hpp, and its tests and benchmark; not found: those are not built.
+find_package(SpecdecPcre2)
+set(SPECDEC_HAVE_PCRE2 ${SpecdecPcre2_FOUND})
+if(SPECDEC_HAVE_PCRE2)
+  add_library(specdec_tokenizer INTERFACE)
+  add_library(specdec::tokenizer ALIAS specdec_tokenizer)
+  target_link_libraries(specdec_tokenizer INTERFACE specdec SpecdecPcre2::pcre2)
+  target_compile_definitions(specdec_tokenizer INTERFACE SPECDEC_HAVE_PCRE2=1)
+  message(STATUS "specdec: PCRE2 ${SpecdecPcre2_VERSION} (${_specdec_pcre2_found_by}); "
+                 "the tokenizer (specdec::tokenizer) is built")
+else()
+  message(STATUS "specdec: PCRE2 not found (apt: libpcre2-dev); the tokenizer "
+                 "(io/tokenizer.hpp), its tests and its benchmark are not built")
+endif()
