@@ -10,7 +10,15 @@
 # stderr; misconfigurations (EAGLE on an EAGLE-3 draft and the reverse, a chain whose node count
 # is not steps + 1, an uncompiled tree, a draft path with NGRAM, a missing tree flag, --layers
 # with --draft eagle) exit 1 (2 for init-random's usage) naming the fix.
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle")
+# Text (-DHAVE_PCRE2=<SPECDEC_HAVE_PCRE2>): init-random writes a byte-level tokenizer either way.
+# With PCRE2, tokenize gives ids whose --decode is the text exactly (Chinese, an emoji, a special
+# token's text as its one id), a tokenizer's own pat_str is used, generate --prompt equals
+# generate --input-ids of tokenize's ids and adds "prompt_ids" and "text" (= tokenize --decode of
+# output_ids), --chat starts with <|im_user|> as tokenize --chat does. Without PCRE2, --prompt and
+# tokenize exit 1 naming PCRE2. Either way both or neither of --prompt / --input-ids exit 2.
+set(scratch "${DIR}-text.txt" "${DIR}-prompt.txt" "${DIR}-ids.txt" "${DIR}-special.txt"
+    "${DIR}-pat")
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" ${scratch})
 function(run_kimi out_var rc_var)
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
@@ -22,6 +30,10 @@ run_kimi(out rc init-random --preset tiny --out "${DIR}" --seed 4 --draft eagle3
          --draft-out "${DIR}-draft")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "init-random failed (${rc}): ${out}")
+endif()
+if(NOT EXISTS "${DIR}/tiktoken.model" OR NOT EXISTS "${DIR}/tokenizer_config.json" OR
+   NOT out MATCHES "wrote a byte-level tokenizer \\(vocab 512\\) to ")
+  message(FATAL_ERROR "init-random wrote no tokenizer into ${DIR}: ${out}")
 endif()
 # An EAGLE-1/2 draft for the same target: init-random writes the target again into a scratch dir.
 run_kimi(out rc init-random --preset tiny --out "${DIR}-eagle-target" --seed 4 --draft eagle
@@ -179,5 +191,133 @@ expect_refusal("heads that do not split" "rank 0 of 3: .*num_attention_heads 4 d
                --tp-size 3)
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
-message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle")
+
+# Text in and out.
+function(kimi_stdout out_var)  # stdout exactly; a non-zero exit fails the test
+  execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "specdec-kimi ${ARGN} failed (${rc}): ${out}${err}")
+  endif()
+  set(${out_var} "${out}" PARENT_SCOPE)
+endfunction()
+set(text "Hello, world! 你好，世界 🙂 <|im_end|> done\n")
+set(prompt "Hello 你好 🙂")
+file(WRITE "${DIR}-text.txt" "${text}")
+file(WRITE "${DIR}-prompt.txt" "${prompt}")
+set(short generate --model-path "${DIR}" --max-new-tokens 6 --ignore-eos --json)
+run_kimi(out rc ${short} --prompt "${prompt}" --input-ids 1,2)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "exactly one of --input-ids .* and --prompt TEXT; got both")
+  message(FATAL_ERROR "--prompt with --input-ids gave exit ${rc}: ${out}")
+endif()
+run_kimi(out rc ${short})
+if(NOT rc EQUAL 2 OR NOT out MATCHES "exactly one of --input-ids .* and --prompt TEXT; got neither")
+  message(FATAL_ERROR "neither --prompt nor --input-ids gave exit ${rc}: ${out}")
+endif()
+if(HAVE_PCRE2)
+  # A special token's text is its one id, above the 256 bytes.
+  foreach(name im_end im_user)
+    set(special "<|${name}|>")
+    file(WRITE "${DIR}-special.txt" "${special}")
+    kimi_stdout(id tokenize --tokenizer "${DIR}" --input "${DIR}-special.txt")
+    string(STRIP "${id}" id)
+    if(NOT id MATCHES "^[0-9]+$" OR id LESS 256)
+      message(FATAL_ERROR "tokenize of ${special} gave '${id}', expected one special id")
+    endif()
+    set(id_${name} ${id})
+  endforeach()
+  # Byte-level: one id a byte, the special's 10 bytes one id; --decode gives the text back.
+  kimi_stdout(ids tokenize --tokenizer "${DIR}" --input "${DIR}-text.txt")
+  kimi_stdout(ids_json tokenize --tokenizer "${DIR}" --input "${DIR}-text.txt" --json)
+  string(STRIP "${ids}" ids)
+  string(LENGTH "${text}" bytes)
+  math(EXPR expected "${bytes} - 10 + 1")
+  string(JSON count GET "${ids_json}" count)
+  string(JSON n LENGTH "${ids_json}" ids)
+  if(NOT count EQUAL expected OR NOT n EQUAL expected OR NOT ids MATCHES ",${id_im_end},")
+    message(FATAL_ERROR "tokenize: ${count} / ${n} ids, expected ${expected} with "
+                        "<|im_end|> = ${id_im_end}: ${ids} / ${ids_json}")
+  endif()
+  file(WRITE "${DIR}-ids.txt" "${ids}\n")
+  kimi_stdout(back tokenize --tokenizer "${DIR}" --input "${DIR}-ids.txt" --decode)
+  if(NOT back STREQUAL text)
+    message(FATAL_ERROR "tokenize --decode of ${ids} gave '${back}', expected '${text}'")
+  endif()
+  string(JSON ids_array GET "${ids_json}" ids)
+  file(WRITE "${DIR}-ids.txt" "${ids_array}")
+  kimi_stdout(back_json tokenize --tokenizer "${DIR}" --input "${DIR}-ids.txt" --decode --json)
+  string(JSON back GET "${back_json}" text)
+  if(NOT back STREQUAL text)
+    message(FATAL_ERROR "tokenize --decode --json of ${ids_array} gave ${back_json}")
+  endif()
+  file(WRITE "${DIR}-ids.txt" "72, 105\n33,x")
+  run_kimi(out rc tokenize --tokenizer "${DIR}" --input "${DIR}-ids.txt" --decode)
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "entry 3 'x' is not a token id")
+    message(FATAL_ERROR "tokenize --decode of a malformed id gave exit ${rc}: ${out}")
+  endif()
+  # A tokenizer's own pat_str replaces Kimi's pattern (this one leaves the space unmatched).
+  file(MAKE_DIRECTORY "${DIR}-pat")
+  file(COPY "${DIR}/tiktoken.model" DESTINATION "${DIR}-pat")
+  file(WRITE "${DIR}-pat/tokenizer_config.json" "{\"pat_str\": \"[a-z]+\"}")
+  file(WRITE "${DIR}-special.txt" "hi there")
+  run_kimi(out rc tokenize --tokenizer "${DIR}-pat" --input "${DIR}-special.txt")
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "split pattern \"\\[a-z\\]\\+\" matches nothing at byte 2")
+    message(FATAL_ERROR "tokenize with pat_str [a-z]+ gave exit ${rc}: ${out}")
+  endif()
+
+  # generate --prompt == generate --input-ids of tokenize's ids; "text" = their decode.
+  kimi_stdout(prompt_ids tokenize --tokenizer "${DIR}" --input "${DIR}-prompt.txt")
+  kimi_stdout(prompt_json tokenize --tokenizer "${DIR}" --input "${DIR}-prompt.txt" --json)
+  string(STRIP "${prompt_ids}" prompt_ids)
+  kimi_stdout(from_text ${short} --prompt "${prompt}")
+  kimi_stdout(from_ids ${short} --input-ids ${prompt_ids})
+  string(JSON text_ids GET "${from_text}" output_ids)
+  string(JSON ids_ids GET "${from_ids}" output_ids)
+  string(JSON got_prompt GET "${from_text}" prompt_ids)
+  string(JSON want_prompt GET "${prompt_json}" ids)
+  if(NOT text_ids STREQUAL ids_ids OR NOT got_prompt STREQUAL want_prompt)
+    message(FATAL_ERROR "generate --prompt: output ${text_ids}, prompt_ids ${got_prompt}; "
+                        "--input-ids ${prompt_ids}: output ${ids_ids}")
+  endif()
+  string(JSON gen_text GET "${from_text}" text)
+  string(JSON ids_text GET "${from_ids}" text)
+  file(WRITE "${DIR}-ids.txt" "${text_ids}")
+  kimi_stdout(decoded tokenize --tokenizer "${DIR}" --input "${DIR}-ids.txt" --decode --json)
+  string(JSON decoded GET "${decoded}" text)
+  if(NOT gen_text STREQUAL decoded OR NOT ids_text STREQUAL decoded)
+    message(FATAL_ERROR "\"text\" '${gen_text}' / '${ids_text}', tokenize --decode of "
+                        "${text_ids}: '${decoded}'")
+  endif()
+  # --chat: Kimi's template around the prompt, as tokenize --chat; it starts with <|im_user|>.
+  kimi_stdout(chat ${short} --prompt "${prompt}" --chat)
+  kimi_stdout(chat_json tokenize --tokenizer "${DIR}" --input "${DIR}-prompt.txt" --chat --json)
+  string(JSON chat_ids GET "${chat}" prompt_ids)
+  string(JSON first_id GET "${chat}" prompt_ids 0)
+  string(JSON want_chat GET "${chat_json}" ids)
+  if(NOT chat_ids STREQUAL want_chat OR NOT first_id EQUAL id_im_user)
+    message(FATAL_ERROR "generate --chat prompt_ids ${chat_ids}, tokenize --chat ${want_chat}, "
+                        "<|im_user|> = ${id_im_user}")
+  endif()
+  set(text_summary "text round trip exact, --prompt == --input-ids")
+else()
+  set(no_pcre2 "built without PCRE2 \\(apt: libpcre2-dev\\): --prompt / tokenize are unavailable; use --input-ids")
+  run_kimi(out rc ${short} --prompt "${prompt}")
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "--prompt: this specdec-kimi was ${no_pcre2}")
+    message(FATAL_ERROR "generate --prompt without PCRE2 gave exit ${rc}: ${out}")
+  endif()
+  run_kimi(out rc tokenize --tokenizer "${DIR}" --input "${DIR}-text.txt")
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "tokenize: this specdec-kimi was ${no_pcre2}")
+    message(FATAL_ERROR "tokenize without PCRE2 gave exit ${rc}: ${out}")
+  endif()
+  execute_process(COMMAND "${KIMI}" ${short} --input-ids 7,300,12 OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err RESULT_VARIABLE rc)
+  string(JSON has_text ERROR_VARIABLE no_text GET "${out}" text)
+  if(NOT rc EQUAL 0 OR NOT no_text OR NOT err MATCHES "built without PCRE2.*no \"text\"")
+    message(FATAL_ERROR "generate --input-ids without PCRE2 (exit ${rc}): ${out}${err}")
+  endif()
+  set(text_summary "no PCRE2: text features refused")
+endif()
+
+message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless; "
+               "${text_summary}")
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" ${scratch})

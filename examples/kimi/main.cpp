@@ -4,7 +4,12 @@
 //                            [--num-layers L] [--repeat-period P]
 //       writes a random checkpoint (config.json + safetensors) of the preset into a new or empty
 //       DIR; --repeat-period P makes its greedy text repeat: the token after t < P is (t + 1) mod P
-//       (model/kimi/random_checkpoint.hpp), text on which n-gram drafting is exact
+//       (model/kimi/random_checkpoint.hpp), text on which n-gram drafting is exact. Also a
+//       byte-level tokenizer for the preset's vocabulary (io/tokenizer_files.hpp: tiktoken.model,
+//       one id per byte, and tokenizer_config.json, Kimi's special tokens at the top of the
+//       vocabulary: at 512, [BOS] 256, [EOS] 257, <|im_end|> 258, <|im_user|> 259, [PAD] 511), so
+//       every random checkpoint serves text. The checkpoint's eos is its config.json's
+//       eos_token_id (tiny: 2, a byte), not the tokenizer's [EOS]
 //   specdec-kimi inspect --model-path DIR
 //       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
 //       count and bytes, and whether the routed experts are INT4
@@ -12,7 +17,18 @@
 //   specdec-kimi init-random ... --draft eagle --draft-out DIR
 //       also writes a random EAGLE-3 draft (SpecForge layout) or EAGLE-1/2 draft
 //       (LlamaForCausalLMEagle: fc over [embedding, last hidden]) for that target into DIR
-//   specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N [--temperature T]
+//   specdec-kimi tokenize --tokenizer DIR --input FILE [--json] [--decode | --chat]
+//       text -> ids with the tokenizer in DIR (io/tokenizer.hpp: tiktoken.model and
+//       tokenizer_config.json, whose "pat_str", when present, replaces Kimi's split pattern):
+//       prints the ids of FILE's text, special tokens' texts (<|im_end|>) matched as their ids, as
+//       "1,2,3" (--json: {"ids": [...], "count": N}); --chat: FILE's text is one user message in
+//       Kimi's chat template, with the generation prompt (<|im_user|>user<|im_middle|>text
+//       <|im_end|><|im_assistant|>assistant<|im_middle|>; the text cannot inject a special token).
+//       --decode: FILE holds ids (a JSON array, or whole numbers separated by commas and / or
+//       whitespace) and it prints their text exactly, no newline added (invalid UTF-8 as U+FFFD;
+//       --json: {"text": "..."})
+//   specdec-kimi generate --model-path DIR (--input-ids 1,2,3 | --prompt TEXT [--chat])
+//                         --max-new-tokens N [--tokenizer DIR] [--temperature T]
 //                         [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--ignore-eos]
 //                         [--page-size P] [--json]
 //                         [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]
@@ -31,6 +47,14 @@
 //       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
 //       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
 //       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
+//       The prompt is --input-ids or --prompt TEXT (exactly one): the text encoded by the
+//       tokenizer (--tokenizer DIR, default the --model-path DIR) with special tokens' texts
+//       matched, or with --chat as one user message in Kimi's chat template plus the generation
+//       prompt (as tokenize --chat). Whenever a tokenizer is at hand (--prompt, --tokenizer, or a
+//       tiktoken.model in --model-path) the output adds "text" (decode_text of output_ids), and
+//       with --prompt "prompt_ids"; the tokenizer's vocabulary must be the model's vocab_size.
+//       Generation stops at config.json's eos_token_id(s) only (--ignore-eos: never), not at the
+//       tokenizer's stop tokens (<|im_end|>, [EOS]) when the config does not list them.
 //       --tp-size N shards the target over N ranks (dist/shard.hpp: heads, MLP widths, experts
 //       split whole (--moe-split expert, the default) or by width (tensor), lm_head by
 //       vocabulary; kept whole for an EAGLE-1/2 draft, which reads it); the draft is replicated.
@@ -43,6 +67,9 @@
 //
 // Flags are strict: an unknown flag, a missing value or a malformed number is an error naming the
 // flag (exit 2); a failed load or write prints the Status (exit 1).
+// The tokenizer needs PCRE2 (SPECDEC_HAVE_PCRE2; Debian's libpcre2-dev). Without it the flags
+// still parse, and --prompt, --tokenizer and tokenize are an error naming the fix (exit 1);
+// init-random writes the tokenizer either way.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -51,8 +78,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -73,6 +105,10 @@
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/io/tokenizer_files.hpp"
+#if defined(SPECDEC_HAVE_PCRE2)
+#include "specdec/io/tokenizer.hpp"
+#endif
 #include "specdec/model/eagle/config.hpp"
 #include "specdec/model/eagle/random_checkpoint.hpp"
 #include "specdec/model/kimi/dequantize_checkpoint.hpp"
@@ -111,16 +147,28 @@ void usage(std::FILE* out) {
                "                                [--draft eagle3 --layers 0,1,2 --draft-out DIR\n"
                "                                 [--draft-vocab V] | --draft eagle --draft-out DIR]\n"
                "       specdec-kimi inspect --model-path DIR\n"
-               "       specdec-kimi generate --model-path DIR --input-ids 1,2,3 --max-new-tokens N\n"
+               "       specdec-kimi tokenize --tokenizer DIR --input FILE [--json]\n"
+               "                             [--decode | --chat]\n"
+               "       specdec-kimi generate --model-path DIR --max-new-tokens N\n"
+               "                             (--input-ids 1,2,3 | --prompt TEXT [--chat])\n"
+               "                             [--tokenizer DIR] [--json]\n"
                "                             [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
                "                             [--device cpu|cuda] [--ignore-eos] [--page-size P]\n"
-               "                             [--json] [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]\n"
+               "                             [--speculative-algorithm EAGLE3|EAGLE|NGRAM|NONE]\n"
                "                             [--speculative-draft-model-path DIR]\n"
                "                             [--speculative-num-steps S] [--speculative-eagle-topk K]\n"
                "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
-               "       specdec-kimi dequantize --model-path DIR --out DIR2\n");
+               "       specdec-kimi dequantize --model-path DIR --out DIR2\n"
+               "init-random also writes a byte-level tokenizer (tiktoken.model and\n"
+               "tokenizer_config.json) into --out; a random checkpoint's eos is its config.json's\n"
+               "eos_token_id (tiny: 2), not the tokenizer's [EOS]. tokenize prints the ids of\n"
+               "FILE's text (--chat: as one user message in Kimi's chat template), or with\n"
+               "--decode the text of the ids in FILE. generate --prompt encodes TEXT with\n"
+               "--tokenizer DIR (default: --model-path); the output adds \"text\" whenever a\n"
+               "tokenizer is at hand. Generation stops at config.json's eos_token_id only, with\n"
+               "--chat too (<|im_end|> stops it only where the config lists it).\n");
 }
 
 [[noreturn]] void fail_usage(std::string const& msg) {
@@ -265,10 +313,14 @@ int init_random(int argc, char** argv) {
   std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu%s) to %s\n", preset.c_str(),
               int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
               static_cast<unsigned long long>(seed), period.c_str(), out.c_str());
-  if (draft.empty()) return 0;
   specdec::io::DeepseekV3Config target;
   s = specdec::io::load_config(out, &target);
   if (!s.ok()) return finish(s);
+  // Text for every random checkpoint; its eos stays config.json's (see the top).
+  s = specdec::io::write_byte_level_tokenizer(out, target.vocab_size);
+  if (!s.ok()) return finish(s);
+  std::printf("wrote a byte-level tokenizer (vocab %d) to %s\n", target.vocab_size, out.c_str());
+  if (draft.empty()) return 0;
   namespace eagle = specdec::model::eagle;
   std::vector<int> const ids = eagle3 ? number_list<int>("--layers", layers) : std::vector<int>{};
   s = eagle::write_random_draft(draft_out, target, ids, seed + 1, draft_options,
@@ -302,9 +354,133 @@ int inspect(int argc, char** argv) {
   return 0;
 }
 
+#if defined(SPECDEC_HAVE_PCRE2)
+// The bytes of a file, as they are.
+Status read_file(std::string const& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidArgument(path + ": cannot open (missing or unreadable)");
+  text->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status::InvalidArgument(path + ": read error");
+  return Status::Ok();
+}
+
+// The ids of a tokenize --decode file: a JSON array of whole numbers, or whole numbers separated
+// by commas and / or whitespace (no empty entry between two commas, none after the last).
+Status parse_ids(std::string const& text, std::string const& file, std::vector<int32_t>* ids) {
+  ids->clear();
+  auto const space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  size_t i = 0;
+  while (i < text.size() && space(text[i])) ++i;
+  if (i < text.size() && text[i] == '[') {
+    nlohmann::json const j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return Status::MalformedInput(file + ": starts with '[' but is not JSON");
+    for (size_t k = 0; k < j.size(); ++k) {
+      if (!j[k].is_number_integer() || j[k].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+          j[k].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Status::MalformedInput(file + ": [" + std::to_string(k) + "] = " + j[k].dump() +
+                                      " is not a token id (a whole number)");
+      }
+      ids->push_back(j[k].get<int32_t>());
+    }
+    return Status::Ok();
+  }
+  bool after_comma = false;
+  while (true) {
+    while (i < text.size() && space(text[i])) ++i;
+    if (i == text.size() || text[i] == ',') {
+      if (i == text.size() && !after_comma) return Status::Ok();
+      return Status::MalformedInput(file + ": an empty entry at byte " + std::to_string(i) +
+                                    " (ids are separated by one comma and / or whitespace)");
+    }
+    size_t const start = i;
+    while (i < text.size() && !space(text[i]) && text[i] != ',') ++i;
+    int32_t id = 0;
+    auto const [end, ec] = std::from_chars(text.data() + start, text.data() + i, id);
+    if (ec != std::errc() || end != text.data() + i) {
+      return Status::MalformedInput(file + ": entry " + std::to_string(ids->size()) + " '" +
+                                    text.substr(start, i - start) +
+                                    "' is not a token id (a whole number)");
+    }
+    ids->push_back(id);
+    while (i < text.size() && space(text[i])) ++i;
+    after_comma = i < text.size() && text[i] == ',';
+    if (after_comma) ++i;
+  }
+}
+#else
+// What the text features answer in a build without PCRE2 (the tokenizer's split pattern needs it).
+Status no_tokenizer(std::string const& what) {
+  return Status::Unsupported(what +
+                             ": this specdec-kimi was built without PCRE2 (apt: libpcre2-dev): "
+                             "--prompt / tokenize are unavailable; use --input-ids");
+}
+#endif
+
+int tokenize(int argc, char** argv) {
+  std::string dir, input;
+  bool json = false, decode = false, chat = false;
+  for (Flags f(argc, argv); f.next();) {
+    if (f.is("--tokenizer")) dir = f.value();
+    else if (f.is("--input")) input = f.value();
+    else if (f.is("--json")) json = true;
+    else if (f.is("--decode")) decode = true;
+    else if (f.is("--chat")) chat = true;
+    else f.unknown();
+  }
+  if (dir.empty()) {
+    fail_usage("tokenize needs --tokenizer DIR (tiktoken.model + tokenizer_config.json)");
+  }
+  if (input.empty()) fail_usage("tokenize needs --input FILE");
+  if (decode && chat) {
+    fail_usage("--decode with --chat: --chat templates text, --decode reads ids");
+  }
+#if defined(SPECDEC_HAVE_PCRE2)
+  std::string text;
+  Status s = read_file(input, &text);
+  if (!s.ok()) return finish(s);
+  specdec::io::Tokenizer tok;
+  s = specdec::io::Tokenizer::load(dir, &tok);
+  if (!s.ok()) return finish(s);
+  std::vector<int32_t> ids;
+  if (decode) {
+    std::string out;
+    s = parse_ids(text, input, &ids);
+    if (s.ok()) s = tok.decode_text(ids, &out).prefixed(input + ": ");
+    if (!s.ok()) return finish(s);
+    if (json) {
+      std::printf("%s\n", nlohmann::json{{"text", out}}.dump().c_str());
+    } else {
+      std::fwrite(out.data(), 1, out.size(), stdout);
+    }
+    return 0;
+  }
+  if (chat) {
+    specdec::io::ChatMessage const message{"user", text};
+    s = tok.encode_chat({&message, 1}, /*add_generation_prompt=*/true, &ids);
+  } else {
+    s = tok.encode(text, &ids);
+  }
+  if (!s.ok()) return finish(s.prefixed(input + ": "));
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"ids", ids}, {"count", ids.size()}}.dump().c_str());
+    return 0;
+  }
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
+  std::printf("%s\n", line.c_str());
+  return 0;
+#else
+  (void)json;  // the flags parse; nothing to print
+  return finish(no_tokenizer("tokenize"));
+#endif
+}
+
 // The generate flags of one run.
 struct GenerateFlags {
   std::string path, device = "cpu", input, draft_path;
+  std::optional<std::string> prompt;  // --prompt TEXT, instead of --input-ids
+  std::string tokenizer_dir;          // --tokenizer; empty: --model-path
+  bool chat = false;
   specdec::model::kimi::GenerateOptions o;
   int32_t top_k = 0;
   float top_p = 1.0f;
@@ -463,9 +639,13 @@ Status nccl_communicators(GenerateFlags const& g, std::vector<specdec::dist::Ncc
 int generate(int argc, char** argv) {
   GenerateFlags g;
   bool have_max = false, have_steps = false, have_topk = false, have_nodes = false;
+  bool have_input = false;
   for (Flags f(argc, argv); f.next();) {
     if (f.is("--model-path")) g.path = f.value();
-    else if (f.is("--input-ids")) g.input = f.value();
+    else if (f.is("--input-ids")) g.input = f.value(), have_input = true;
+    else if (f.is("--prompt")) g.prompt = f.value();
+    else if (f.is("--chat")) g.chat = true;
+    else if (f.is("--tokenizer")) g.tokenizer_dir = f.value();
     else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
     else if (f.is("--temperature")) g.o.temperature = f.number<float>();
     else if (f.is("--top-k")) g.top_k = f.number<int32_t>();
@@ -493,7 +673,14 @@ int generate(int argc, char** argv) {
     else f.unknown();
   }
   if (g.path.empty()) fail_usage("generate needs --model-path DIR");
-  if (g.input.empty()) fail_usage("generate needs --input-ids (comma-separated token ids)");
+  if (have_input == g.prompt.has_value()) {
+    fail_usage(std::string("generate needs exactly one of --input-ids (comma-separated token ids) "
+                           "and --prompt TEXT; got ") +
+               (have_input ? "both" : "neither"));
+  }
+  if (g.chat && !g.prompt) {
+    fail_usage("--chat applies Kimi's chat template to --prompt TEXT (not to --input-ids)");
+  }
   if (!have_max) fail_usage("generate needs --max-new-tokens N");
   if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
   if (g.tp_size < 1) fail_usage("--tp-size " + std::to_string(g.tp_size) + ": must be >= 1");
@@ -529,11 +716,50 @@ int generate(int argc, char** argv) {
         "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
   }
 #endif
-  std::vector<int32_t> const ids = number_list<int32_t>("--input-ids", g.input);
+  // The prompt's ids: --input-ids, or --prompt through the tokenizer, which also decodes the
+  // output whenever it is at hand (--prompt, --tokenizer, or a tiktoken.model in --model-path).
+  std::string const tokenizer_dir = g.tokenizer_dir.empty() ? g.path : g.tokenizer_dir;
+  std::error_code no_file;
+  bool const has_tokenizer =
+      g.prompt || !g.tokenizer_dir.empty() ||
+      std::filesystem::exists(std::filesystem::path(tokenizer_dir) / "tiktoken.model", no_file);
+  std::vector<int32_t> ids;
+#if defined(SPECDEC_HAVE_PCRE2)
+  std::optional<specdec::io::Tokenizer> tokenizer;
+  if (has_tokenizer) {
+    Status ts = specdec::io::Tokenizer::load(tokenizer_dir, &tokenizer.emplace());
+    if (!ts.ok()) return finish(ts.prefixed("tokenizer (--tokenizer DIR, default --model-path): "));
+    if (g.prompt && g.chat) {
+      specdec::io::ChatMessage const message{"user", *g.prompt};
+      ts = tokenizer->encode_chat({&message, 1}, /*add_generation_prompt=*/true, &ids);
+    } else if (g.prompt) {
+      ts = tokenizer->encode(*g.prompt, &ids);
+    }
+    if (!ts.ok()) return finish(ts.prefixed("--prompt: "));
+  }
+#else
+  if (g.prompt) return finish(no_tokenizer("--prompt"));
+  if (!g.tokenizer_dir.empty()) return finish(no_tokenizer("--tokenizer"));
+  if (has_tokenizer) {
+    std::fprintf(stderr,
+                 "specdec-kimi: %s has a tokenizer, but this specdec-kimi was built without PCRE2 "
+                 "(apt: libpcre2-dev): the output has no \"text\"\n",
+                 tokenizer_dir.c_str());
+  }
+#endif
+  if (!g.prompt) ids = number_list<int32_t>("--input-ids", g.input);
   // The configuration is checked against both config.json files before any weight is read.
   specdec::io::DeepseekV3Config target_config;
   Status s = specdec::io::load_config(g.path, &target_config);
   if (!s.ok()) return finish(s);
+#if defined(SPECDEC_HAVE_PCRE2)
+  if (tokenizer && tokenizer->vocab_size() != target_config.vocab_size) {
+    return finish(Status::InvalidArgument(
+        "the tokenizer in " + tokenizer_dir + " has " + std::to_string(tokenizer->vocab_size()) +
+        " ids, the model (config.json vocab_size) " + std::to_string(target_config.vocab_size) +
+        ": not this model's tokenizer (--tokenizer DIR names the right one)"));
+  }
+#endif
   g.spec.num_target_layers = target_config.num_hidden_layers;
   specdec::DraftKind kind{};
   if (!specdec::parse_draft_kind(g.spec.algorithm, &kind)) return finish(specdec::validate(g.spec));
@@ -613,8 +839,19 @@ int generate(int argc, char** argv) {
 #endif
   if (!s.ok()) return finish(s);
   if (j.is_null()) return 0;  // a process of --nnodes > 1 without global rank 0
+#if defined(SPECDEC_HAVE_PCRE2)
+  // An output id without a token (a gap in the special ids) leaves "text" out: an error after
+  // the output is printed.
+  if (tokenizer) {
+    if (g.prompt) j["prompt_ids"] = ids;
+    std::string text;
+    s = tokenizer->decode_text(j["output_ids"].get<std::vector<int32_t>>(), &text)
+            .prefixed("\"text\": ");
+    if (s.ok()) j["text"] = text;
+  }
+#endif
   std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
-  return 0;
+  return finish(s);
 }
 
 int dequantize(int argc, char** argv) {
@@ -634,7 +871,9 @@ int dequantize(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) fail_usage("missing command (init-random, inspect, generate, dequantize)");
+  if (argc < 2) {
+    fail_usage("missing command (init-random, inspect, generate, tokenize, dequantize)");
+  }
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
     usage(stdout);
@@ -645,9 +884,11 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return inspect(argc, argv);
     if (cmd == "dequantize") return dequantize(argc, argv);
     if (cmd == "generate") return generate(argc, argv);
+    if (cmd == "tokenize") return tokenize(argc, argv);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  fail_usage("unknown command '" + cmd + "' (init-random, inspect, generate, dequantize)");
+  fail_usage("unknown command '" + cmd +
+             "' (init-random, inspect, generate, tokenize, dequantize)");
 }

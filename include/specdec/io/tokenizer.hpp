@@ -24,8 +24,9 @@
 // U+FFFD, as Python's errors="replace"), StreamDecoder (ids one by one -> complete UTF-8 text
 // only; an incomplete multi-byte tail is held back until its bytes arrive or flush()).
 // Chat (Kimi): render_kimi_chat / Tokenizer::encode_chat; stop_ids() = <|im_end|>, [EOS].
-// write_byte_level_tokenizer writes a 256-byte vocabulary with Kimi's special tokens for random
-// test checkpoints. Nothing here throws; errors are Status naming the file, line, id or byte.
+// write_byte_level_tokenizer (io/tokenizer_files.hpp, included here; it needs no PCRE2) writes a
+// 256-byte vocabulary with Kimi's special tokens for random test checkpoints. Nothing here
+// throws; errors are Status naming the file, line, id or byte.
 // A loaded Tokenizer is immutable: encode / decode are const, keep no cache, and may run on many
 // threads at once (each call allocates its own PCRE2 match data and JIT stack).
 #pragma once
@@ -53,14 +54,10 @@
 #include <vector>
 
 #include "specdec/core/status.hpp"
+#include "specdec/io/tokenizer_files.hpp"
 #include "specdec/io/tokenizer_pattern.hpp"
 
 namespace specdec::io {
-
-struct SpecialToken {
-  std::string content;  // e.g. "<|im_end|>"; non-empty, valid UTF-8
-  int32_t id = 0;
-};
 
 // A chat message; role "system" | "user" | "assistant".
 struct ChatMessage {
@@ -391,21 +388,6 @@ inline bool base64_decode(std::string_view in, std::string* out) {
     if (!last || pad < 1) out->push_back(static_cast<char>(v & 0xFF));
   }
   return true;
-}
-
-inline std::string base64_encode(std::string_view in) {
-  char const* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < in.size(); i += 3) {
-    uint32_t v = static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << 16;
-    if (i + 1 < in.size()) v |= static_cast<uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8;
-    if (i + 2 < in.size()) v |= static_cast<uint32_t>(static_cast<unsigned char>(in[i + 2]));
-    out += a[(v >> 18) & 63];
-    out += a[(v >> 12) & 63];
-    out += i + 1 < in.size() ? a[(v >> 6) & 63] : '=';
-    out += i + 2 < in.size() ? a[v & 63] : '=';
-  }
-  return out;
 }
 
 inline Status read_text_file(std::filesystem::path const& path, std::string_view what,
@@ -918,83 +900,5 @@ class StreamDecoder {
   bool skip_special_;
   std::string pending_;
 };
-
-// Kimi-K2.5's named special tokens at their ids (kimi.md "Tokenizer"; the block 163584..163839).
-inline std::vector<SpecialToken> kimi_named_special_tokens() {
-  return {{"[BOS]", 163584},
-          {"[EOS]", 163585},
-          {"<|im_end|>", 163586},
-          {"<|im_user|>", 163587},
-          {"<|im_assistant|>", 163588},
-          {"<|im_system|>", 163594},
-          {"<|im_middle|>", 163601},
-          {"<think>", 163606},
-          {"</think>", 163607},
-          {"[PAD]", 163839}};
-}
-
-// The special tokens of write_byte_level_tokenizer for `vocab_size`: Kimi's 256-id special block
-// moved to the top, id = kimi_id - 163840 + vocab_size (so vocab_size 163840 gives Kimi's own
-// ids; 512: [BOS] 256, [EOS] 257, <|im_end|> 258, [PAD] 511), and every id in [256, vocab_size)
-// without a named token as "<|reserved_token_<id>|>" (Kimi's name for its unused specials), so
-// every id a random model emits decodes. vocab_size must be in [512, 2^31 - 1].
-inline Status byte_level_special_tokens(int64_t vocab_size, std::vector<SpecialToken>* out) {
-  constexpr int64_t kKimiVocab = 163840, kBlock = 256;
-  if (vocab_size < 256 + kBlock || vocab_size > std::numeric_limits<int32_t>::max()) {
-    return Status::InvalidArgument(
-        "byte-level tokenizer: vocab_size " + std::to_string(vocab_size) +
-        " does not fit: it needs 256 byte ids + Kimi's 256-id special block, >= 512 (and < 2^31)");
-  }
-  out->clear();
-  std::vector<std::string> names(static_cast<size_t>(vocab_size - 256));
-  for (auto const& s : kimi_named_special_tokens()) {
-    names[static_cast<size_t>(s.id - kKimiVocab + vocab_size - 256)] = s.content;
-  }
-  out->reserve(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    int32_t const id = static_cast<int32_t>(256 + i);
-    out->push_back(
-        {names[i].empty() ? "<|reserved_token_" + std::to_string(id) + "|>" : names[i], id});
-  }
-  return Status::Ok();
-}
-
-// Writes dir/tiktoken.model (the 256 single bytes, rank = byte value) and
-// dir/tokenizer_config.json (byte_level_special_tokens(vocab_size); no pat_str: Kimi's pattern),
-// creating dir. Loads with Tokenizer::load into vocab_size() == vocab_size; text encodes one id
-// per byte.
-inline Status write_byte_level_tokenizer(std::filesystem::path const& dir, int64_t vocab_size) {
-  std::vector<SpecialToken> specials;
-  SPECDEC_RETURN_IF_ERROR(byte_level_special_tokens(vocab_size, &specials));
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::InvalidArgument(dir.string() + ": cannot create: " + ec.message());
-  std::string model;
-  for (int b = 0; b < 256; ++b) {
-    model += detail::base64_encode(std::string(1, static_cast<char>(b)));
-    model += ' ' + std::to_string(b) + '\n';
-  }
-  std::string config = "{\n  \"added_tokens_decoder\": {\n";
-  for (size_t i = 0; i < specials.size(); ++i) {
-    config += "    \"" + std::to_string(specials[i].id) +
-              "\": {\"content\": " + nlohmann::json(specials[i].content).dump() +
-              ", \"special\": true}" + (i + 1 < specials.size() ? ",\n" : "\n");
-  }
-  config +=
-      "  },\n  \"bos_token\": \"[BOS]\",\n  \"eos_token\": \"[EOS]\",\n"
-      "  \"pad_token\": \"[PAD]\"\n}\n";
-  auto const write = [&](char const* name, std::string const& text) {
-    std::filesystem::path const path = dir / name;
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::InvalidArgument(path.string() + ": cannot open for writing");
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    f.close();
-    if (!f) return Status::InvalidArgument(path.string() + ": write error");
-    return Status::Ok();
-  };
-  SPECDEC_RETURN_IF_ERROR(write("tiktoken.model", model));
-  SPECDEC_RETURN_IF_ERROR(write("tokenizer_config.json", config));
-  return Status::Ok();
-}
 
 }  // namespace specdec::io
