@@ -8,14 +8,16 @@
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
-# and at the number of visible GPUs (NCCL), plainly and with an EAGLE-3 tree: the greedy tokens
-# must be the same; tokens/s of each.
+# and at the number of visible GPUs (NCCL in one process, and with 2+ GPUs also as one process per
+# GPU through --nnodes / --node-rank / --dist-init-addr on 127.0.0.1), plainly and with an EAGLE-3
+# tree: the greedy tokens must be the same; tokens/s of each.
 # kimi (not in all): writes the kimi-k2.5 preset with $SPECDEC_KIMI_LAYERS (default 2) layers and
 # INT4 experts at real dimensions (14.4 GB for 2 layers, ~270 s) whose greedy text repeats with
 # period 16 (--repeat-period: the same tensors and cost, residual writers zero) and generates 32
 # tokens on the CUDA engine from a prompt holding one period, plainly (NONE) and with an n-gram
 # chain of 4: tokens/s, accept length and the time per verify of each phase (their ratio: the
-# accept length at which a chain of 4 pays on this model).
+# accept length at which a chain of 4 pays on this model); with 2+ GPUs visible, both again at
+# --tp-size = the GPU count (tokens compared with one GPU's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=() filter=.
@@ -78,22 +80,29 @@ if wants kimi; then
   t0=$SECONDS
   gen=($build/examples/specdec-kimi generate --model-path "$dir" --device cuda --json --ignore-eos
        --max-new-tokens 32 --input-ids 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,0,1,2,3)
+  ngpu=$(nvidia-smi -L | wc -l)
+  ngram=(--speculative-algorithm NGRAM --speculative-num-steps 4 --speculative-eagle-topk 1
+         --speculative-num-draft-tokens 5)
   if $build/examples/specdec-kimi init-random --preset kimi-k2.5 --num-layers "$layers" --int4 \
        --repeat-period 16 --out "$dir" > "$logs/kimi.log" 2>&1 &&
      echo "--- kimi-k2.5, $layers layers, INT4 experts: written in $((SECONDS - t0)) s" >> "$summary" &&
      "${gen[@]}" > "$logs/kimi.json" 2>> "$logs/kimi.log" &&
-     "${gen[@]}" --speculative-algorithm NGRAM --speculative-num-steps 4 \
-       --speculative-eagle-topk 1 --speculative-num-draft-tokens 5 \
-       > "$logs/kimi_ngram.json" 2>> "$logs/kimi.log"; then
+     "${gen[@]}" "${ngram[@]}" > "$logs/kimi_ngram.json" 2>> "$logs/kimi.log" &&
+     { [ "$ngpu" -lt 2 ] ||
+       { "${gen[@]}" --tp-size "$ngpu" > "$logs/kimi_tp.json" 2>> "$logs/kimi.log" &&
+         "${gen[@]}" "${ngram[@]}" --tp-size "$ngpu" > "$logs/kimi_tp_ngram.json" 2>> "$logs/kimi.log"; }; }; then
     # Per verify: the step time with 1 node (NONE) and with 5 (n-gram chain of 4); their ratio is
     # the accept length at which a chain of 4 breaks even on this model.
-    python3 - "$logs/kimi.json" "$logs/kimi_ngram.json" >> "$summary" <<'PY'
+    python3 - "$logs"/kimi*.json >> "$summary" <<'PY'
 import json, sys
+first = {}
 for path in sys.argv[1:]:
     j = json.load(open(path))
     t = j["time_s"]
     per = {k: 1e3 * v / max(j["verify_ct"], 1) for k, v in t.items() if k != "prefill"}
-    print(j["speculative_config"], "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
+    same = first.setdefault(j["speculative_config"], j["output_ids"]) == j["output_ids"]
+    print(j["speculative_config"], "| tp %d | same tokens as tp 1: %s" % (j.get("tp_size", 1), same),
+          "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
           % (j["decode_tokens_per_s"], j["accept_length"],
              ", ".join("%s %.3f" % kv for kv in per.items())))
 PY
@@ -119,6 +128,16 @@ if wants tp; then
           > "$logs/tp_${tp}_$spec.json" 2>> "$logs/tp.log" || { echo "tp $tp $spec FAILED" >> "$summary"; status=1; }
       done
     done
+    if [ "$ngpu" -ge 2 ]; then  # one process per GPU, rendezvous over TCP
+      for node in $(seq $((ngpu - 1)) -1 0); do
+        CUDA_VISIBLE_DEVICES=$node timeout 120 $kimi generate --model-path "$dir/t" --device cuda \
+          --json --ignore-eos --max-new-tokens 64 --input-ids 5,6,7,8,9,10,11,12 --tp-size "$ngpu" \
+          --nnodes "$ngpu" --node-rank "$node" --dist-init-addr 127.0.0.1:29517 \
+          > "$logs/mp_$node.json" 2>> "$logs/tp.log" &
+      done
+      wait
+      cp "$logs/mp_0.json" "$logs/tp_${ngpu}_NNODES.json"
+    fi
     python3 - "$logs" >> "$summary" <<'PY' || status=1
 import glob, json, os, sys
 runs = {}

@@ -105,25 +105,10 @@ std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests
   return testing::run_engine<P, CudaExecutor>(&models().gpu, draft, requests, total);
 }
 
-// want and got agree, or part at a step where the fp32 CPU executor's top-2 gap is a near-tie.
+// want and got agree, or part at a near-tie of the CPU model (testing::check_same_or_near_tie).
 void check_same_or_near_tie(std::vector<int32_t> const& prompt, std::vector<int32_t> const& want,
                             std::vector<int32_t> const& got) {
-  size_t k = 0;
-  while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
-  if (k == want.size() && k == got.size()) return;
-  REQUIRE(k < want.size());
-  REQUIRE(k < got.size());
-  Models& m = models();
-  std::vector<int32_t> context = prompt;
-  context.insert(context.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
-  std::vector<float> row = testing::last_logits_cpu(m.cpu, context);
-  double scale = 0.0;
-  for (float v : row) scale = std::max(scale, std::fabs(double(v)));
-  std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
-  double const gap = double(row[0]) - row[1];
-  MESSAGE("parted at step ", k, ": ", want[k], " vs ", got[k], ", cpu top-2 gap ", gap,
-          " (max |logit| ", scale, ")");
-  CHECK_MESSAGE(gap <= kLogitTol * scale, "parting at step ", k, " is not at a near-tie");
+  testing::check_same_or_near_tie(models().cpu, kLogitTol, prompt, want, got);
 }
 
 std::vector<GenerationRequest> mixed_requests() {

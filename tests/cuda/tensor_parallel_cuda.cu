@@ -7,7 +7,11 @@
 //   * the tiny target sharded over the GPUs (expert- and tensor-parallel experts, bf16 and INT4
 //     experts; every expert routed, so no bf16 rounding flips a choice) gives the CPU model's
 //     logits within bf16 rounding, the same on every rank;
-//   * greedy generation over the sharded target, without a draft, with an n-gram chain and with
+//   * cuda::row_argmax_keys / argmax_of_keys equal their CPU references (ties, negative values,
+//     several slices), and the sharded forward's LogitsMode::kArgmax gives the argmax of its own
+//     gathered logits on every rank;
+//   * greedy generation over the sharded target (its argmax path: one key per row crosses the
+//     GPUs), without a draft, with an n-gram chain and with
 //     an EAGLE-3 tree (the draft replicated: each rank loads it over its own shard), gives the
 //     same tokens on every rank and the single-GPU engine's plain tokens except at near-ties.
 #include <doctest/doctest.h>
@@ -16,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -227,23 +232,102 @@ TEST_CASE(
   }
 }
 
-// want and got agree, or part where the CPU model's top-2 gap is a near-tie.
+TEST_CASE("row_argmax_keys / argmax_of_keys (cuda) equal their CPU references") {
+  uint64_t seed = 1;
+  for (int64_t T : {int64_t{1}, int64_t{7}, int64_t{64}}) {
+    for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{4099}, int64_t{20480}}) {
+      for (int64_t P : {int64_t{1}, int64_t{3}}) {
+        CAPTURE(T);
+        CAPTURE(n);
+        CAPTURE(P);
+        std::mt19937 rng(static_cast<uint32_t>(seed++));
+        std::uniform_int_distribution<int> level(-40, 40);  // few levels: many ties
+        std::vector<float> logits(static_cast<size_t>(P * T * n));
+        for (float& v : logits) v = 0.25f * float(level(rng));
+        std::vector<uint64_t> want_keys(static_cast<size_t>(P * T));
+        for (int64_t q = 0; q < P; ++q) {  // slice q holds ids [q n, (q + 1) n)
+          kimi::row_argmax_keys_reference(logits.data() + q * T * n, T, n, q * n,
+                                          want_keys.data() + q * T);
+        }
+        std::vector<int32_t> want(static_cast<size_t>(T));
+        kimi::argmax_of_keys_reference(want_keys.data(), P, T, want.data());
+        DeviceBuffer<float> d_logits(logits);
+        DeviceBuffer<uint64_t> d_keys(static_cast<size_t>(P * T));
+        DeviceBuffer<int32_t> d_argmax(static_cast<size_t>(T));
+        for (int64_t q = 0; q < P; ++q) {
+          REQUIRE(kimi::cuda::row_argmax_keys(d_logits.data() + q * T * n, T, n, q * n,
+                                              d_keys.data() + q * T, nullptr)
+                      .ok());
+        }
+        REQUIRE(kimi::cuda::argmax_of_keys(d_keys.data(), P, T, d_argmax.data(), nullptr).ok());
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(d_keys.download() == want_keys);
+        CHECK(d_argmax.download() == want);
+        for (int64_t t = 0; t < T; ++t) {  // the argmax is the first maximum of the whole row
+          float best = -INFINITY;
+          int32_t first = -1;
+          for (int64_t q = 0; q < P; ++q) {
+            for (int64_t j = 0; j < n; ++j) {
+              float const v = logits[size_t((q * T + t) * n + j)];
+              if (v > best) best = v, first = int32_t(q * n + j);
+            }
+          }
+          CHECK(want[size_t(t)] == first);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "Kimi CUDA tensor parallel over NCCL: LogitsMode::kArgmax is the gathered logits' argmax") {
+  std::vector<NcclCommunicator> comms;
+  if (!init_comms(&comms)) return;
+  int const P = static_cast<int>(comms.size());
+  testing::TinyKimi const& t = tiny().all_bf16;
+  int64_t const V = t.config.vocab_size;
+  std::vector<std::vector<int32_t>> got(P), want(P);
+  Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
+    kimi::KimiCudaModel m;
+    SPECDEC_RETURN_IF_ERROR(
+        kimi::load_kimi_cuda_model(t.weights, t.config, TpShard{rank, P}, &c, &m));
+    std::vector<int32_t> tokens = {5, 77, 300, 12, 12, 9, 450};
+    int32_t const count = 7;
+    kimi::RequestId const id = 0;
+    for (auto mode : {kimi::LogitsMode::kFull, kimi::LogitsMode::kArgmax}) {
+      kimi::KimiCudaCache cache;
+      SPECDEC_RETURN_IF_ERROR(kimi::KimiCudaCache::create_for(m.config, 16, 2, 2, &cache));
+      SPECDEC_RETURN_IF_ERROR(cache.table.add_request(id));
+      kimi::CudaForwardOutput o;
+      SPECDEC_RETURN_IF_ERROR(kimi::kimi_prefill(CudaExecutor{}, m, &cache.table, {&id, 1},
+                                                 {&count, 1}, tokens, {}, &o, mode));
+      if (mode == kimi::LogitsMode::kFull) {
+        std::vector<float> logits;
+        SPECDEC_RETURN_IF_ERROR(kimi::copy_to_host(o.logits, o.tokens * o.vocab, nullptr, &logits));
+        if (o.argmax != nullptr || o.vocab != V) return Status::Internal("kFull output");
+        for (int64_t r = 0; r < 7; ++r) {
+          auto const row = logits.begin() + r * V;
+          want[rank].push_back(int32_t(std::max_element(row, row + V) - row));
+        }
+      } else {
+        if (o.argmax == nullptr || o.vocab != V / P) return Status::Internal("kArgmax output");
+        got[rank].resize(7);
+        SPECDEC_CUDA_TRY(cudaMemcpy(got[rank].data(), o.argmax, 7 * 4, cudaMemcpyDeviceToHost));
+      }
+    }
+    return Status::Ok();
+  });
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  for (int r = 0; r < P; ++r) {
+    CHECK(got[r] == want[r]);
+    CHECK(got[r] == got[0]);
+  }
+}
+
+// want and got agree, or part at a near-tie of the CPU model (testing::check_same_or_near_tie).
 void check_same_or_near_tie(std::vector<int32_t> const& prompt, std::vector<int32_t> const& want,
                             std::vector<int32_t> const& got) {
-  size_t k = 0;
-  while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
-  if (k == want.size() && k == got.size()) return;
-  REQUIRE(k < want.size());
-  REQUIRE(k < got.size());
-  std::vector<int32_t> context = prompt;
-  context.insert(context.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
-  std::vector<float> row = testing::last_logits_cpu(tiny().cpu_bf16, context);
-  double scale = 0.0;
-  for (float v : row) scale = std::max(scale, std::fabs(double(v)));
-  std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
-  double const gap = double(row[0]) - row[1];
-  MESSAGE("parted at step ", k, ": ", want[k], " vs ", got[k], ", cpu top-2 gap ", gap);
-  CHECK_MESSAGE(gap <= kLogitTol * scale, "parting at step ", k, " is not at a near-tie");
+  testing::check_same_or_near_tie(tiny().cpu_bf16, kLogitTol, prompt, want, got);
 }
 
 // `requests` through SpecEngine<Policy, CudaExecutor> over the tiny bf16 target sharded on every

@@ -120,6 +120,22 @@ void run_case(SweepCase const& sc, uint64_t seed, bool capture) {
   CHECK(d_path.download() == ref_path);
   CHECK(d_num.download() == ref_num);
   CHECK(d_next.download() == ref_next);
+  if (!capture) {  // the argmax given instead of the logits (a vocabulary-sharded target)
+    DeviceBuffer<int32_t> d_given(ref_argmax), d_argmax2(rows), d_path2(B * P), d_num2(B),
+        d_next2(B);
+    specdec::ops::VerifyGreedyParams gp = dp;
+    gp.logits = nullptr;
+    gp.target_argmax = d_given.data();
+    gp.argmax_scratch = d_argmax2.data();
+    gp.out = {d_path2.data(), d_num2.data(), d_next2.data(), P};
+    auto s = specdec::ops::verify_greedy(specdec::CudaExecutor{}, gp);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(d_argmax2.download() == ref_argmax);
+    CHECK(d_path2.download() == ref_path);
+    CHECK(d_num2.download() == ref_num);
+    CHECK(d_next2.download() == ref_next);
+  }
   int accepted = 0;
   for (int n : ref_num) accepted += n;
   if (N > 1 && B >= 8) CHECK(accepted > 0);  // the sweep really exercises acceptance

@@ -108,6 +108,29 @@ inline std::vector<float> last_logits_cpu(model::kimi::KimiCpuModel const& model
   return std::vector<float>(logits.end() - model.config.vocab_size, logits.end());
 }
 
+// want and got agree, or part at a step where `oracle`'s (the fp32 CPU executor's) top-2 logit
+// gap is within tol of its largest |logit|: a near-tie that bf16 rounding on the GPU may flip.
+inline void check_same_or_near_tie(model::kimi::KimiCpuModel const& oracle, double tol,
+                                   std::vector<int32_t> const& prompt,
+                                   std::vector<int32_t> const& want,
+                                   std::vector<int32_t> const& got) {
+  size_t k = 0;
+  while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
+  if (k == want.size() && k == got.size()) return;
+  REQUIRE(k < want.size());
+  REQUIRE(k < got.size());
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
+  std::vector<float> row = last_logits_cpu(oracle, context);
+  double scale = 0.0;
+  for (float v : row) scale = std::max(scale, std::fabs(double(v)));
+  std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
+  double const gap = double(row[0]) - row[1];
+  MESSAGE("parted at step ", k, ": ", want[k], " vs ", got[k], ", cpu top-2 gap ", gap,
+          " (max |logit| ", scale, ")");
+  CHECK_MESSAGE(gap <= tol * scale, "parting at step ", k, " is not at a near-tie");
+}
+
 // A greedy request of n new tokens after prompt, eos ignored.
 inline engine::GenerationRequest greedy_request(std::vector<int32_t> prompt, int n) {
   engine::GenerationRequest r;

@@ -7,6 +7,7 @@
 // every rank.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -234,6 +235,50 @@ std::vector<float> tp_forward(TinyKimi const& m, int P, MoeSplit split) {
   return out[0];
 }
 
+TEST_CASE(
+    "Kimi CPU tensor parallel: LogitsMode::kArgmax gives the whole vocabulary's argmax "
+    "from each rank's slice") {
+  TempDir dir;
+  TinyKimi m;
+  load_tiny_kimi(dir.path, /*int4=*/false, 21, &m);
+  int64_t const V = m.config.vocab_size;
+  for (int P : {1, 2, 4}) {
+    CAPTURE(P);
+    std::vector<std::vector<int32_t>> argmax(static_cast<size_t>(P));
+    std::vector<float> full;
+    Status const s = dist::run_ranks(P, [&](int rank, CpuCommunicator& comm) -> Status {
+      KimiCpuModel k;
+      SPECDEC_RETURN_IF_ERROR(load_shard(m, {rank, P}, &comm, &k));
+      std::vector<int32_t> const tokens = {5, 77, 300, 12, 12, 9, 450};
+      int32_t const count = 7;
+      model::kimi::RequestId const id = 0;
+      for (auto mode : {model::kimi::LogitsMode::kFull, model::kimi::LogitsMode::kArgmax}) {
+        model::kimi::MlaCache cache;
+        SPECDEC_RETURN_IF_ERROR(model::kimi::MlaCache::create_for(k.config, 16, 2, 2, &cache));
+        SPECDEC_RETURN_IF_ERROR(cache.add_request(id));
+        std::vector<float> logits;
+        std::vector<int32_t> am;
+        SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_prefill(CpuExecutor{}, k, &cache, {&id, 1},
+                                                          {&count, 1}, tokens, {}, &logits, nullptr,
+                                                          mode, &am));
+        if (mode == model::kimi::LogitsMode::kFull && rank == 0) full = logits;
+        if (mode == model::kimi::LogitsMode::kArgmax) {
+          if (int64_t(logits.size()) != 7 * V / P) return Status::Internal("not the slice");
+          argmax[static_cast<size_t>(rank)] = am;
+        }
+      }
+      return Status::Ok();
+    });
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    REQUIRE(full.size() == size_t(7 * V));
+    for (int64_t t = 0; t < 7; ++t) {
+      auto const row = full.begin() + t * V;
+      int32_t const want = int32_t(std::max_element(row, row + V) - row);  // first of ties
+      for (int r = 0; r < P; ++r) CHECK(argmax[size_t(r)][size_t(t)] == want);
+    }
+  }
+}
+
 TEST_CASE("Kimi CPU tensor parallel: logits and EAGLE features at TP 2 and 4 match TP 1") {
   for (bool int4 : {false, true}) {
     TempDir dir;
@@ -305,9 +350,10 @@ void check_tp_generation(TinyKimi const& m, std::filesystem::path const& draft_d
       if constexpr (Policy::kKind != DraftKind::kNone) CHECK(metrics.proposed() > 0);
     }
   }
-  // Sampled: every rank draws the same Philox uniforms from the same logits (checked inside).
+  // Sampled: every rank draws the same Philox uniforms from the same logits (checked inside);
+  // request 0 stays greedy (a mixed batch: the whole logits, not the argmax alone).
   auto sampled = greedy;
-  for (size_t i = 0; i < sampled.size(); ++i) {
+  for (size_t i = 1; i < sampled.size(); ++i) {
     sampled[i].temperature = 0.8f;
     sampled[i].top_k = 20;
     sampled[i].seed = 100 + i;

@@ -169,6 +169,20 @@ TEST_CASE("verify_greedy: invariants on random trees") {
         for (int v = 0; v < vocab; ++v) CHECK(row[v] <= row[c.argmax[b * nodes + i]]);
       }
     }
+    // The same argmax given instead of the logits (a vocabulary-sharded target) accepts the same.
+    std::vector<int32_t> const given = c.argmax;
+    std::vector<int32_t> argmax2(c.argmax.size(), 77), path2(c.path.size(), 77), num2(batch, 77),
+        next2(batch, 77);
+    auto q = c.params();
+    q.logits = nullptr;
+    q.target_argmax = given.data();
+    q.argmax_scratch = argmax2.data();
+    q.out = {path2.data(), num2.data(), next2.data(), cap};
+    REQUIRE(specdec::ops::verify_greedy(CpuExecutor{}, q).ok());
+    CHECK(argmax2 == given);
+    CHECK(path2 == c.path);
+    CHECK(num2 == c.num);
+    CHECK(next2 == c.next);
   }
 }
 

@@ -5,6 +5,7 @@
 //   c.rank(), c.size()
 //   c.all_reduce_sum(float* data, n)          data [n] := sum over ranks of data [n]
 //   c.all_gather(float const* in, n, out)     out [size, n]: row q = rank q's in [n]
+//   c.all_gather_bytes(std::byte const* in, bytes, out)   the same on raw bytes (any POD)
 //   c.broadcast(std::byte* data, bytes, root) data [bytes] := root's data
 //   c.barrier()
 // Every rank calls the same collectives in the same order with the same sizes; the result is the
@@ -44,6 +45,7 @@ concept Communicator = requires(C& c, float* f, float const* cf, std::byte* b, i
   { c.size() } -> std::same_as<int>;
   { c.all_reduce_sum(f, n) } -> std::same_as<Status>;
   { c.all_gather(cf, n, f) } -> std::same_as<Status>;
+  { c.all_gather_bytes(static_cast<std::byte const*>(b), n, b) } -> std::same_as<Status>;
   { c.broadcast(b, n, r) } -> std::same_as<Status>;
   { c.barrier() } -> std::same_as<Status>;
 };
@@ -150,6 +152,20 @@ class CpuCommunicator {
           for (size_t q = 0; q < p.size(); ++q) {
             float const* src = static_cast<float const*>(p[q].data);
             std::copy(src, src + n, out + static_cast<int64_t>(q) * n);
+          }
+        },
+        [] {});
+  }
+
+  Status all_gather_bytes(std::byte const* in, int64_t bytes, std::byte* out) {
+    return collective(
+        "all_gather_bytes", bytes, 0, in,
+        [&](std::vector<CpuCommGroup::Post> const& p) {
+          for (size_t q = 0; q < p.size(); ++q) {
+            if (bytes > 0) {
+              std::memcpy(out + static_cast<int64_t>(q) * bytes, p[q].data,
+                          static_cast<size_t>(bytes));
+            }
           }
         },
         [] {});

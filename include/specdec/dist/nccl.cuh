@@ -102,6 +102,16 @@ class NcclCommunicator {
     return nccl_missing("NcclCommunicator::all_gather");
 #endif
   }
+  Status all_gather_bytes(std::byte const* in, int64_t bytes, std::byte* out) {
+#if defined(SPECDEC_WITH_NCCL)
+    SPECDEC_RETURN_IF_ERROR(async_error());
+    return check(ncclAllGather(in, out, static_cast<size_t>(bytes), ncclUint8, comm(), stream_),
+                 "ncclAllGather (bytes)");
+#else
+    (void)in, (void)bytes, (void)out;
+    return nccl_missing("NcclCommunicator::all_gather_bytes");
+#endif
+  }
   Status broadcast(std::byte* data, int64_t bytes, int root) {
 #if defined(SPECDEC_WITH_NCCL)
     SPECDEC_RETURN_IF_ERROR(async_error());

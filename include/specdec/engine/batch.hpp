@@ -3,6 +3,9 @@
 //                   request id) in the layout ops::sample / ops::verify_sample read; all_greedy
 //   finish_commit   kv_commit's per-request status [B] checked, then each request's MlaCache
 //                   length advanced to seq_len [B]
+//   logits_mode_for LogitsMode::kArgmax for an all-greedy batch on a vocabulary-sharded target
+//                   (tensor parallel: the argmax alone crosses the ranks), else kFull;
+//                   check_argmax_batch: the batch a kept argmax decides is all greedy
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 
 #include "specdec/core/philox.hpp"
 #include "specdec/core/status.hpp"
+#include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
 #include "specdec/ops/kv_commit/params.hpp"
 #include "specdec/ops/sample/params.hpp"
@@ -46,6 +50,18 @@ inline Status finish_commit(std::span<model::kimi::RequestId const> ids,
     SPECDEC_RETURN_IF_ERROR(cache->commit(ids[b], seq_len[b]));
   }
   return Status::Ok();
+}
+
+inline model::kimi::LogitsMode logits_mode_for(bool all_greedy, bool vocab_sharded) {
+  return all_greedy && vocab_sharded ? model::kimi::LogitsMode::kArgmax
+                                     : model::kimi::LogitsMode::kFull;
+}
+
+inline Status check_argmax_batch(char const* target, BatchSampling const& s) {
+  if (s.all_greedy) return Status::Ok();
+  return Status::Internal(std::string(target) +
+                          ": the last forward kept only the argmax (an all-greedy batch), but "
+                          "the sampling given is not all greedy");
 }
 
 }  // namespace specdec::engine

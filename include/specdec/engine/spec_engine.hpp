@@ -160,6 +160,13 @@ inline void fill_sampling(std::span<GenerationRequest const> requests, std::span
   }
 }
 
+// Every request of `batch` is greedy (a vocabulary-sharded target then needs only the argmax).
+inline bool all_greedy(std::span<GenerationRequest const> requests, std::span<int const> batch) {
+  return std::all_of(batch.begin(), batch.end(), [&](int r) {
+    return requests[static_cast<size_t>(r)].temperature <= 0.0f;
+  });
+}
+
 // The target of each executor (engine/target_cpu.hpp, engine/target_cuda.cuh).
 template <class Exec>
 struct TargetFor {
@@ -616,7 +623,8 @@ class SpecEngine {
         }
       }
       auto const ids = ids_of(all);
-      SPECDEC_RETURN_IF_ERROR(target.prefill(ids, counts, tokens, aux_layers()));
+      SPECDEC_RETURN_IF_ERROR(
+          target.prefill(ids, counts, tokens, aux_layers(), detail::all_greedy(requests, all)));
       // The first token of every request from its prompt's last row.
       std::vector<int64_t> first_row(static_cast<size_t>(R)), last_row(static_cast<size_t>(R));
       int64_t row = 0;
@@ -866,7 +874,8 @@ class SpecEngine {
           row[i >> 5] |= 1u << (i & 31);
         }
       }
-      SPECDEC_RETURN_IF_ERROR(target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers()));
+      SPECDEC_RETURN_IF_ERROR(target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers(),
+                                            detail::all_greedy(requests, batch)));
       add_time(&SpecMetrics::verify_s, detail::seconds_since(t), batch);
 
       // 4. Accept, 5. commit.

@@ -2,11 +2,15 @@
 // a host MLA cache, and the CPU references of sample / verify / kv_commit on its host logits.
 // SpecEngine (engine/spec_engine.hpp) drives every executor's target through the same calls:
 //   create_cache(page_size, total_pages, max_pages_per_request); table() (the page bookkeeping)
-//   prefill(ids [B], counts [B], tokens [sum counts], aux_layers)    keeps logits / aux rows
-//   verify(ids [B], N, tokens [B*N], positions [B*N], mask [B*N*W], aux_layers)
+//   prefill(ids [B], counts [B], tokens [sum counts], aux_layers, all_greedy)   keeps logits / aux
+//   verify(ids [B], N, tokens [B*N], positions [B*N], mask [B*N*W], aux_layers, all_greedy)
 //   sample_rows(rows [B] of the last forward, sampling, &tokens [B])  one draw per row
 //   accept(tree, links, sampling, &acceptance)    verify_greedy (all greedy) or verify_sample
 //                                                  over the last verify's logits; host arrays
+// all_greedy (every request of the forward's batch is greedy): a vocabulary-sharded target
+// (tensor parallel, dist/shard.hpp) then asks the forward for each row's argmax
+// (LogitsMode::kArgmax: one key per row crosses the ranks, not the [T, V] logits), and
+// sample_rows / accept read the argmax; otherwise, and on a whole-vocabulary target, the logits.
 //   commit(ids [B], acceptance)                   kv_commit + MlaCache::commit
 //   aux_rows(rows [R], &out [R, F])               the last forward's aux rows, on the host
 #pragma once
@@ -45,22 +49,33 @@ class CpuTarget {
   }
 
   Status prefill(std::span<RequestId const> ids, std::span<int32_t const> counts,
-                 std::span<int32_t const> tokens, std::span<int const> aux_layers) {
+                 std::span<int32_t const> tokens, std::span<int const> aux_layers,
+                 bool all_greedy) {
+    mode_ = logits_mode(all_greedy);
+    tokens_ = static_cast<int64_t>(tokens.size());
     return model::kimi::kimi_prefill(CpuExecutor{}, *model_, &cache_, ids, counts, tokens,
-                                     aux_layers, &logits_, &aux_);
+                                     aux_layers, &logits_, &aux_, mode_, &argmax_);
   }
 
   Status verify(std::span<RequestId const> ids, int nodes, std::span<int32_t const> tokens,
                 std::span<int32_t const> positions, std::span<uint32_t const> mask,
-                std::span<int const> aux_layers) {
+                std::span<int const> aux_layers, bool all_greedy) {
+    mode_ = logits_mode(all_greedy);
+    tokens_ = static_cast<int64_t>(tokens.size());
     return model::kimi::kimi_verify(CpuExecutor{}, *model_, &cache_, ids, nodes, tokens, positions,
-                                    mask, aux_layers, &logits_, &aux_);
+                                    mask, aux_layers, &logits_, &aux_, mode_, &argmax_);
   }
 
   Status sample_rows(std::span<int64_t const> rows, BatchSampling const& s,
                      std::vector<int32_t>* tokens) {
     int64_t const V = model_->config.vocab_size;
     int const B = static_cast<int>(rows.size());
+    if (mode_ == model::kimi::LogitsMode::kArgmax) {
+      SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CpuTarget", s));
+      tokens->resize(rows.size());
+      for (size_t b = 0; b < rows.size(); ++b) (*tokens)[b] = argmax_[static_cast<size_t>(rows[b])];
+      return Status::Ok();
+    }
     std::vector<float> picked(static_cast<size_t>(B * V));
     for (int b = 0; b < B; ++b) {
       std::copy_n(logits_.begin() + rows[static_cast<size_t>(b)] * V, V, picked.begin() + b * V);
@@ -82,12 +97,16 @@ class CpuTarget {
   Status accept(TreeInput const& tree, TreeLinks const& links, BatchSampling const& s,
                 Acceptance const& out) {
     int const V = static_cast<int>(model_->config.vocab_size);
+    if (mode_ == model::kimi::LogitsMode::kArgmax)
+      SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CpuTarget", s));
     if (s.all_greedy) {
       std::vector<int32_t> argmax(static_cast<size_t>(tree.batch) * tree.nodes);
       ops::VerifyGreedyParams p;
       p.tree = tree;
       p.links = links;
-      p.logits = logits_.data();
+      bool const given = mode_ == model::kimi::LogitsMode::kArgmax;
+      p.logits = given ? nullptr : logits_.data();
+      p.target_argmax = given ? argmax_.data() : nullptr;
       p.vocab = V;
       p.argmax_scratch = argmax.data();
       p.out = out;
@@ -128,14 +147,20 @@ class CpuTarget {
   }
 
   int64_t aux_width() const {
-    int64_t const T = static_cast<int64_t>(logits_.size()) / model_->config.vocab_size;
-    return T > 0 ? static_cast<int64_t>(aux_.size()) / T : 0;
+    return tokens_ > 0 ? static_cast<int64_t>(aux_.size()) / tokens_ : 0;
   }
 
  private:
+  model::kimi::LogitsMode logits_mode(bool all_greedy) const {
+    return logits_mode_for(all_greedy, model_->vocab.size() != model_->config.vocab_size);
+  }
+
   Model* model_;
   model::kimi::MlaCache cache_;
   std::vector<float> logits_, aux_;
+  std::vector<int32_t> argmax_;
+  model::kimi::LogitsMode mode_ = model::kimi::LogitsMode::kFull;
+  int64_t tokens_ = 0;  // rows of the last forward
 };
 
 }  // namespace specdec::engine

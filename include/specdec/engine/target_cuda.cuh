@@ -3,7 +3,8 @@
 // logits. The same calls as CpuTarget (engine/target_cpu.hpp), except for the aux rows; the arrays
 // they take and give are host arrays: the small per-step arrays (tree, links, sampling,
 // acceptance, page tables) are copied to the device on the executor's stream and the results read
-// back (the host waits once per call), while logits stay on the device.
+// back (the host waits once per call), while logits stay on the device. A vocabulary-sharded
+// target keeps only the argmax of an all-greedy batch, as CpuTarget does.
 //   gather_aux_rows(rows [R] host, &features)   the last forward's aux rows gathered ON THE
 //       DEVICE into a buffer of the target's [R, aux_width] (valid until the next gather; the
 //       CUDA EAGLE draft reads it there, nothing is copied to the host)
@@ -110,17 +111,20 @@ class CudaTarget {
   }
 
   Status prefill(std::span<RequestId const> ids, std::span<int32_t const> counts,
-                 std::span<int32_t const> tokens, std::span<int const> aux_layers) {
+                 std::span<int32_t const> tokens, std::span<int const> aux_layers,
+                 bool all_greedy) {
     SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_prefill(exec_, *model_, &cache_.table, ids, counts,
-                                                      tokens, aux_layers, &out_));
+                                                      tokens, aux_layers, &out_,
+                                                      logits_mode(all_greedy)));
     return finish_forward();
   }
 
   Status verify(std::span<RequestId const> ids, int nodes, std::span<int32_t const> tokens,
                 std::span<int32_t const> positions, std::span<uint32_t const> mask,
-                std::span<int const> aux_layers) {
+                std::span<int const> aux_layers, bool all_greedy) {
     SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_verify(exec_, *model_, &cache_.table, ids, nodes,
-                                                     tokens, positions, mask, aux_layers, &out_));
+                                                     tokens, positions, mask, aux_layers, &out_,
+                                                     logits_mode(all_greedy)));
     return finish_forward();
   }
 
@@ -128,6 +132,16 @@ class CudaTarget {
                      std::vector<int32_t>* tokens) {
     int64_t const V = model_->config.vocab_size;
     int const B = static_cast<int>(rows.size());
+    if (out_.argmax != nullptr) {  // an all-greedy batch on a vocabulary-sharded target
+      SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CudaTarget", s));
+      std::vector<int32_t> all(static_cast<size_t>(out_.tokens));
+      SPECDEC_CUDA_TRY(cudaMemcpyAsync(all.data(), out_.argmax, all.size() * 4,
+                                       cudaMemcpyDeviceToHost, exec_.stream));
+      SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
+      tokens->resize(rows.size());
+      for (size_t b = 0; b < rows.size(); ++b) (*tokens)[b] = all[static_cast<size_t>(rows[b])];
+      return Status::Ok();
+    }
     SPECDEC_RETURN_IF_ERROR(picked_.reserve(static_cast<size_t>(B * V)));
     for (int b = 0; b < B; ++b) {
       SPECDEC_CUDA_TRY(
@@ -187,12 +201,14 @@ class CudaTarget {
                            out.path_capacity};
     int const V = static_cast<int>(model_->config.vocab_size);
     std::vector<int32_t> status(B, ops::kSampleOk);
+    if (out_.argmax != nullptr) SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CudaTarget", s));
     if (s.all_greedy) {
       SPECDEC_RETURN_IF_ERROR(argmax_.reserve(BN));
       ops::VerifyGreedyParams p;
       p.tree = d_tree;
       p.links = d_links;
-      p.logits = out_.logits;
+      p.logits = out_.argmax ? nullptr : out_.logits;
+      p.target_argmax = out_.argmax;
       p.vocab = V;
       p.argmax_scratch = argmax_.data();
       p.out = d_out;
@@ -268,6 +284,9 @@ class CudaTarget {
   int64_t aux_width() const { return out_.aux_width; }
 
  private:
+  model::kimi::LogitsMode logits_mode(bool all_greedy) const {
+    return logits_mode_for(all_greedy, model_->vocab.size() != model_->config.vocab_size);
+  }
   // The host waits for the forward, so that the engine's phase times (verify, then accept +
   // commit) each hold their own GPU work; the step reads the acceptance back right after anyway.
   Status finish_forward() {

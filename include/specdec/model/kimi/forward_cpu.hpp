@@ -8,7 +8,8 @@
 //                 at slot length + i (staged, kv_commit's convention) and the length is NOT
 //                 advanced (MlaCache::commit / truncate after acceptance)
 // Each returns logits [tokens, V] fp32 (rows in batch order: request 0's tokens, then request
-// 1's, ...) and, for aux_layers (policy/layers.hpp ids: i = the residual stream after layer i,
+// 1's, ...; with LogitsMode::kArgmax (forward_plan.hpp), argmax [tokens] and only this rank's
+// vocabulary slice of the logits) and, for aux_layers (policy/layers.hpp ids: i = the residual stream after layer i,
 // kEmbedding -1 = the embedding output; each id once, any order), aux [tokens, |aux| * H]: row t is
 // the listed streams of token t concatenated in the listed order.
 //
@@ -432,7 +433,8 @@ inline Status cpu_mlp(KimiCpuModel const& m, int li, CpuMatrix const& xn, CpuMat
 inline Status cpu_forward(KimiCpuModel const& m, MlaCache* cache,
                           std::vector<ForwardSegment> const& segs, std::span<int32_t const> tokens,
                           std::span<int64_t const> positions, std::span<int const> aux_layers,
-                          std::vector<float>* logits, std::vector<float>* aux) {
+                          LogitsMode mode, std::vector<float>* logits,
+                          std::vector<int32_t>* argmax, std::vector<float>* aux) {
   io::DeepseekV3Config const& c = m.config;
   int64_t const T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
   int64_t const A = static_cast<int64_t>(aux_layers.size());
@@ -457,6 +459,24 @@ inline Status cpu_forward(KimiCpuModel const& m, MlaCache* cache,
     capture(li, x);
   }
   SPECDEC_RETURN_IF_ERROR(cpu_rms_rows(x, m.norm, c.rms_norm_eps, &xn));
+  if (mode == LogitsMode::kArgmax) {  // this rank's slice, and one key per row from every rank
+    int64_t const Vp = m.vocab.size(), P = m.comm ? m.comm->size() : 1;
+    logits->resize(static_cast<size_t>(T * Vp));
+    Eigen::Map<CpuMatrix>(logits->data(), T, Vp).noalias() = xn * m.lm_head.transpose();
+    std::vector<uint64_t> keys(static_cast<size_t>(T)), all(static_cast<size_t>(P * T));
+    row_argmax_keys_reference(logits->data(), T, Vp, m.vocab.begin, keys.data());
+    if (m.comm) {
+      SPECDEC_RETURN_IF_ERROR(m.comm->all_gather_bytes(
+          reinterpret_cast<std::byte const*>(keys.data()), T * 8,
+          reinterpret_cast<std::byte*>(all.data())));
+    } else {
+      all = keys;
+    }
+    argmax->resize(static_cast<size_t>(T));
+    argmax_of_keys_reference(all.data(), P, T, argmax->data());
+    if (aux) *aux = std::move(aux_out);
+    return Status::Ok();
+  }
   logits->resize(static_cast<size_t>(T * V));
   if (m.vocab.size() == V) {
     Eigen::Map<CpuMatrix>(logits->data(), T, V).noalias() = xn * m.lm_head.transpose();
@@ -487,18 +507,23 @@ Status cpu_guard(std::string const& fn, Fn&& f) {
 
 // The forward of a planned batch, then the cache bookkeeping.
 inline Status cpu_run(KimiCpuModel const& m, MlaCache* cache,
-                      ForwardPlan const& plan, std::span<int const> aux_layers,
-                      std::vector<float>* logits, std::vector<float>* aux) {
+                      ForwardPlan const& plan, std::span<int const> aux_layers, LogitsMode mode,
+                      std::vector<float>* logits, std::vector<int32_t>* argmax,
+                      std::vector<float>* aux) {
   SPECDEC_RETURN_IF_ERROR(cpu_forward(m, cache, plan.segments, plan.tokens, plan.positions,
-                                      aux_layers, logits, aux));
+                                      aux_layers, mode, logits, argmax, aux));
   return finish_forward(cache, plan);
 }
 
 // The model is loaded and the outputs are there.
 inline Status cpu_check(std::string const& fn, KimiCpuModel const& m,
                         std::span<int const> aux_layers, std::vector<float> const* logits,
-                        std::vector<float> const* aux) {
+                        std::vector<float> const* aux, LogitsMode mode,
+                        std::vector<int32_t> const* argmax) {
   if (logits == nullptr) return Status::InvalidArgument(fn + "logits is null");
+  if (mode == LogitsMode::kArgmax && argmax == nullptr) {
+    return Status::InvalidArgument(fn + "argmax is null with LogitsMode::kArgmax");
+  }
   if (!aux_layers.empty() && aux == nullptr) {
     return Status::InvalidArgument(fn + "aux is null but " + std::to_string(aux_layers.size()) +
                                    " aux_layers were requested");
@@ -518,14 +543,16 @@ inline Status cpu_check(std::string const& fn, KimiCpuModel const& m,
 inline Status kimi_prefill(CpuExecutor, KimiCpuModel const& model, MlaCache* cache,
                            std::span<RequestId const> requests, std::span<int32_t const> counts,
                            std::span<int32_t const> tokens, std::span<int const> aux_layers,
-                           std::vector<float>* logits, std::vector<float>* aux) {
+                           std::vector<float>* logits, std::vector<float>* aux,
+                           LogitsMode mode = LogitsMode::kFull,
+                           std::vector<int32_t>* argmax = nullptr) {
   std::string const fn = "kimi_prefill (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux, mode, argmax));
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(
         plan_prefill(fn, model.config, cache, requests, counts, tokens, aux_layers, &plan));
-    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
+    return detail::cpu_run(model, cache, plan, aux_layers, mode, logits, argmax, aux);
   });
 }
 
@@ -534,13 +561,14 @@ inline Status kimi_prefill(CpuExecutor, KimiCpuModel const& model, MlaCache* cac
 inline Status kimi_decode(CpuExecutor, KimiCpuModel const& model, MlaCache* cache,
                           std::span<RequestId const> requests, std::span<int32_t const> tokens,
                           std::span<int const> aux_layers, std::vector<float>* logits,
-                          std::vector<float>* aux) {
+                          std::vector<float>* aux, LogitsMode mode = LogitsMode::kFull,
+                          std::vector<int32_t>* argmax = nullptr) {
   std::string const fn = "kimi_decode (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux, mode, argmax));
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_decode(fn, model.config, cache, requests, tokens, aux_layers, &plan));
-    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
+    return detail::cpu_run(model, cache, plan, aux_layers, mode, logits, argmax, aux);
   });
 }
 
@@ -552,14 +580,16 @@ inline Status kimi_verify(CpuExecutor, KimiCpuModel const& model, MlaCache* cach
                           std::span<RequestId const> requests, int nodes,
                           std::span<int32_t const> tokens, std::span<int32_t const> positions,
                           std::span<uint32_t const> mask, std::span<int const> aux_layers,
-                          std::vector<float>* logits, std::vector<float>* aux) {
+                          std::vector<float>* logits, std::vector<float>* aux,
+                          LogitsMode mode = LogitsMode::kFull,
+                          std::vector<int32_t>* argmax = nullptr) {
   std::string const fn = "kimi_verify (cpu): ";
   return detail::cpu_guard(fn, [&]() -> Status {
-    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux));
+    SPECDEC_RETURN_IF_ERROR(detail::cpu_check(fn, model, aux_layers, logits, aux, mode, argmax));
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_verify(fn, model.config, cache, requests, nodes, tokens,
                                         positions, mask, aux_layers, &plan));
-    return detail::cpu_run(model, cache, plan, aux_layers, logits, aux);
+    return detail::cpu_run(model, cache, plan, aux_layers, mode, logits, argmax, aux);
   });
 }
 

@@ -6,10 +6,12 @@
 //   KimiCudaCache::create_for(config, page_size, num_pages, max_pages_per_request, &cache)
 //                                                       MlaCache bookkeeping over device entries
 //   kimi_prefill / kimi_decode / kimi_verify(CudaExecutor{stream}, model, &cache.table, ...,
-//                                            aux_layers, &out)
+//                                            aux_layers, &out[, LogitsMode])
 // Arguments are the CPU executor's (host spans); the outputs stay on the device:
 //   out.logits [T, V] fp32, out.aux [T, |aux_layers| * H] fp32 (device pointers into the model's
-//   scratch, valid until the model's next forward; copy_to_host copies them).
+//   scratch, valid until the model's next forward; copy_to_host copies them); with
+//   LogitsMode::kArgmax (forward_plan.hpp) out.argmax [T] int32 and out.logits only this rank's
+//   vocabulary slice [T, out.vocab = vocab.size()].
 // The host waits for the forward only to upload the batch's metadata (positions, cache rows,
 // page tables, masks); the math is queued on the stream.
 //
@@ -130,6 +132,8 @@ class KimiCudaModel {
   struct Scratch {
     float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *u, *router, *moe_y, *moe_w, *logits, *aux;
     float *part, *gathered;  // tensor parallel: a partial output [T, H]; logits slices [P, T, V/P]
+    uint64_t *keys, *keys_all;  // row argmax keys [T], every rank's [P, T] (LogitsMode::kArgmax)
+    int32_t* argmax;            // [T]
     uint16_t *xn_bf, *q_bf, *qa_bf, *lat_bf, *o_bf, *h_bf;
     int32_t* ids;
     int32_t* meta;  // the batch's int32 metadata (forward_cuda's BatchMeta)
@@ -183,7 +187,8 @@ struct KimiCudaCache {
 
 // A forward's outputs, on the device (the model's scratch: valid until its next forward).
 struct CudaForwardOutput {
-  float const* logits = nullptr;  // [T, V]
+  float const* logits = nullptr;  // [T, V] ([T, vocab] with LogitsMode::kArgmax)
+  int32_t const* argmax = nullptr;  // [T] (LogitsMode::kArgmax), else null
   float const* aux = nullptr;     // [T, |aux_layers| * H] or null
   int64_t tokens = 0;
   int64_t vocab = 0;
@@ -513,6 +518,9 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
     s->aux = cv.take<float>(T * A * H);
     s->part = tp ? cv.take<float>(T * H) : nullptr;
     s->gathered = tp && m.vocab.size() != V ? cv.take<float>(T * V) : nullptr;
+    s->keys = cv.take<uint64_t>(T);
+    s->keys_all = cv.take<uint64_t>(T * (m.comm ? m.comm->size() : 1));
+    s->argmax = cv.take<int32_t>(T);
     s->xn_bf = cv.take<uint16_t>(T * H);
     s->q_bf = cv.take<uint16_t>(T * nh * qk);
     s->qa_bf = cv.take<uint16_t>(T * ql);
@@ -806,7 +814,7 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
 }
 
 inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
-                           std::span<int const> aux_layers, cudaStream_t stream,
+                           std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
                            CudaForwardOutput* out) {
   io::DeepseekV3Config const& c = m.config;
   int64_t const T = plan.num_tokens(), H = c.hidden_size, V = c.vocab_size;
@@ -851,7 +859,21 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   int64_t const Vp = m.vocab.size();
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(m.cublas(), T, Vp, H, s.xn_bf, H, m.lm_head, s.logits,
                                     CUDA_R_32F, Vp, 0.0f, "gemm lm_head"));
-  if (Vp != V) {  // the ranks' slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
+  out->argmax = nullptr;
+  out->vocab = V;
+  if (mode == LogitsMode::kArgmax) {  // one key per row from every rank, never the [T, V] logits
+    int64_t const P = m.comm ? m.comm->size() : 1;
+    SPECDEC_RETURN_IF_ERROR(cuda::row_argmax_keys(s.logits, T, Vp, m.vocab.begin, s.keys, stream));
+    if (m.comm) {
+      SPECDEC_RETURN_IF_ERROR(m.comm->all_gather_bytes(reinterpret_cast<std::byte const*>(s.keys),
+                                                       T * 8,
+                                                       reinterpret_cast<std::byte*>(s.keys_all)));
+    }
+    SPECDEC_RETURN_IF_ERROR(
+        cuda::argmax_of_keys(m.comm ? s.keys_all : s.keys, P, T, s.argmax, stream));
+    out->argmax = s.argmax;
+    out->vocab = Vp;
+  } else if (Vp != V) {  // the ranks' slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
     SPECDEC_RETURN_IF_ERROR(m.comm->all_gather(s.logits, T * Vp, s.gathered));
     for (int q = 0; q < m.shard.size; ++q) {
       SPECDEC_CUDA_TRY(cudaMemcpy2DAsync(s.logits + q * Vp, static_cast<size_t>(V) * 4,
@@ -863,7 +885,6 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   out->logits = s.logits;
   out->aux = A > 0 ? s.aux : nullptr;
   out->tokens = T;
-  out->vocab = V;
   out->aux_width = A * H;
   return Status::Ok();
 }
@@ -887,13 +908,14 @@ inline Status cuda_check(std::string const& fn, KimiCudaModel const& m, MlaCache
 
 template <class Plan>
 Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
-                std::span<int const> aux_layers, cudaStream_t stream, CudaForwardOutput* out,
-                Plan&& plan_fn) {
+                std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
+                CudaForwardOutput* out, Plan&& plan_fn) {
   try {
     SPECDEC_RETURN_IF_ERROR(cuda_check(fn, m, cache, out));
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_fn(&plan));
-    SPECDEC_RETURN_IF_ERROR(cuda_forward(m, cache, plan, aux_layers, stream, out).prefixed(fn));
+    SPECDEC_RETURN_IF_ERROR(
+        cuda_forward(m, cache, plan, aux_layers, mode, stream, out).prefixed(fn));
     return finish_forward(cache, plan);
   } catch (std::exception const& e) {
     return Status::Internal(fn + e.what());
@@ -907,18 +929,19 @@ Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
 inline Status kimi_prefill(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
                            std::span<RequestId const> requests, std::span<int32_t const> counts,
                            std::span<int32_t const> tokens, std::span<int const> aux_layers,
-                           CudaForwardOutput* out) {
+                           CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull) {
   std::string const fn = "kimi_prefill (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
     return plan_prefill(fn, model.config, cache, requests, counts, tokens, aux_layers, p);
   });
 }
 
 inline Status kimi_decode(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
                           std::span<RequestId const> requests, std::span<int32_t const> tokens,
-                          std::span<int const> aux_layers, CudaForwardOutput* out) {
+                          std::span<int const> aux_layers, CudaForwardOutput* out,
+                          LogitsMode mode = LogitsMode::kFull) {
   std::string const fn = "kimi_decode (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
     return plan_decode(fn, model.config, cache, requests, tokens, aux_layers, p);
   });
 }
@@ -927,9 +950,9 @@ inline Status kimi_verify(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
                           std::span<RequestId const> requests, int nodes,
                           std::span<int32_t const> tokens, std::span<int32_t const> positions,
                           std::span<uint32_t const> mask, std::span<int const> aux_layers,
-                          CudaForwardOutput* out) {
+                          CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull) {
   std::string const fn = "kimi_verify (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
     return plan_verify(fn, model.config, cache, requests, nodes, tokens, positions, mask,
                        aux_layers, p);
   });

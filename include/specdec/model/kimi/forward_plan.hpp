@@ -26,6 +26,15 @@
 
 namespace specdec::model::kimi {
 
+// What a forward returns beside aux:
+//   kFull    logits [T, V] (a vocabulary-sharded model, dist/shard.hpp, gathers the ranks' slices)
+//   kArgmax  argmax [T]: each row's argmax over the whole vocabulary (ties to the smaller id, the
+//            rule of ops::verify_greedy; row_argmax_keys_reference), found from every rank's
+//            slice by gathering one 8-byte key per row, never the [T, V] logits; the logits then
+//            hold only this rank's slice [T, vocab.size()] (all of V at size 1). For batches
+//            whose every request is greedy.
+enum class LogitsMode { kFull, kArgmax };
+
 // One request's tokens in a forward.
 struct ForwardSegment {
   RequestId id = 0;

@@ -47,6 +47,8 @@
 //   rope_interleaved_reference(x [r], position, inv_freq [r/2], cos_sin_scale)   in place
 //   moe_route_reference(scores [E], bias [E] or empty, n_group, topk_group, top_k, norm, scale,
 //                       *ids [top_k], *weights [top_k])
+//   row_argmax_keys_reference(logits [T, n], T, n, first id, *keys [T]),
+//   argmax_of_keys_reference(keys [P, T], P, T, *argmax [T])   a row argmax over vocabulary slices
 //   kimi_forward_reference(weights, config, tokens [T], start_position, aux_layers,
 //                          *logits [T, V], *aux [T, |aux| * H])
 // Every error is a Status naming the function and the argument / tensor; nothing throws.
@@ -64,6 +66,7 @@
 #include <vector>
 
 #include "specdec/core/dtype.hpp"
+#include "specdec/core/math.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/io/compressed_tensors.hpp"
 #include "specdec/io/hf_config.hpp"
@@ -158,6 +161,30 @@ inline Status rope_interleaved_reference(std::span<float> x, int64_t position,
 // Group-limited top-k routing of one token: the rule of ops/moe_route/params.hpp, whose CUDA
 // kernel the GPU forward uses.
 using ops::moe_route_reference;
+
+// The argmax key of each row of a vocabulary slice: logits [T, n] holding ids [first, first + n);
+// keys[t] = max_j pack_value_index(logits[t, j], first + j) (core/math.hpp: the larger logit, ties
+// to the smaller id). The max over the ranks' keys of a row is the whole row's; its
+// unpack_index is the argmax. The GPU form is cuda::row_argmax_keys (layer_kernels.cuh).
+inline void row_argmax_keys_reference(float const* logits, int64_t T, int64_t n, int64_t first,
+                                      uint64_t* keys) {
+  for (int64_t t = 0; t < T; ++t) {
+    uint64_t best = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      best = std::max(best, pack_value_index(logits[t * n + j], static_cast<int32_t>(first + j)));
+    }
+    keys[t] = best;
+  }
+}
+
+// argmax [T] from the ranks' keys [P, T] (row_argmax_keys_reference of each slice).
+inline void argmax_of_keys_reference(uint64_t const* keys, int64_t P, int64_t T, int32_t* argmax) {
+  for (int64_t t = 0; t < T; ++t) {
+    uint64_t best = 0;
+    for (int64_t q = 0; q < P; ++q) best = std::max(best, keys[q * T + t]);
+    argmax[t] = unpack_index(best);
+  }
+}
 
 namespace detail {
 

@@ -12,6 +12,8 @@
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
 //   localize_expert_ids  ids [n] := local_expert_id(id, begin, end): an expert-parallel rank's
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
+//   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
+//                   [first, first + n); argmax_of_keys: argmax_of_keys_reference over keys [P, T]
 // Every launcher takes a stream, never synchronises and returns the launch status.
 #pragma once
 
@@ -172,6 +174,55 @@ inline Status localize_expert_ids(int32_t* ids, int64_t n, int64_t begin, int64_
   localize_expert_ids_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
       ids, n, begin, end);
   return cuda_launch_status("localize_expert_ids");
+}
+
+// One block per row: the max of pack_value_index over the row, then across warps.
+constexpr int kArgmaxKeyThreads = 256;
+
+SPECDEC_HD inline uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+static __global__ void __launch_bounds__(kArgmaxKeyThreads)
+    row_argmax_keys_kernel(float const* __restrict__ logits, int64_t n, int64_t first,
+                           uint64_t* __restrict__ keys) {
+  float const* row = logits + static_cast<int64_t>(blockIdx.x) * n;
+  uint64_t best = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    best = max_key(best, pack_value_index(row[j], static_cast<int32_t>(first + j)));
+  }
+  for (int o = 16; o > 0; o >>= 1) best = max_key(best, __shfl_xor_sync(0xffffffffu, best, o));
+  __shared__ uint64_t warp_best[kArgmaxKeyThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    best = threadIdx.x < kArgmaxKeyThreads / 32 ? warp_best[threadIdx.x] : 0;
+    for (int o = 16; o > 0; o >>= 1) best = max_key(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (threadIdx.x == 0) keys[blockIdx.x] = best;
+  }
+}
+
+inline Status row_argmax_keys(float const* logits, int64_t T, int64_t n, int64_t first,
+                              uint64_t* keys, cudaStream_t stream) {
+  if (T == 0) return Status::Ok();
+  row_argmax_keys_kernel<<<static_cast<unsigned>(T), kArgmaxKeyThreads, 0, stream>>>(logits, n,
+                                                                                      first, keys);
+  return cuda_launch_status("row_argmax_keys");
+}
+
+static __global__ void argmax_of_keys_kernel(uint64_t const* __restrict__ keys, int64_t P,
+                                             int64_t T, int32_t* __restrict__ argmax) {
+  int64_t const t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  uint64_t best = 0;
+  for (int64_t q = 0; q < P; ++q) best = max_key(best, keys[q * T + t]);
+  argmax[t] = unpack_index(best);
+}
+
+inline Status argmax_of_keys(uint64_t const* keys, int64_t P, int64_t T, int32_t* argmax,
+                             cudaStream_t stream) {
+  if (T == 0) return Status::Ok();
+  argmax_of_keys_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(T, 128)), 128, 0, stream>>>(
+      keys, P, T, argmax);
+  return cuda_launch_status("argmax_of_keys");
 }
 
 }  // namespace specdec::model::kimi::cuda

@@ -204,6 +204,14 @@ inline int argmax_split(int64_t rows, int vocab, bool clusters) {
 inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t stream) {
   namespace d = verify_greedy_detail;
   int64_t const rows = static_cast<int64_t>(p.tree.batch) * p.tree.nodes;
+  int const threads = std::min(d::kAcceptMaxThreads, (p.tree.nodes + 31) / 32 * 32);
+  if (p.target_argmax != nullptr) {  // computed elsewhere (a vocabulary-sharded target)
+    SPECDEC_CUDA_TRY(cudaMemcpyAsync(p.argmax_scratch, p.target_argmax,
+                                     static_cast<size_t>(rows) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, stream));
+    d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
+    return cuda_launch_status("verify_greedy_accept_kernel");
+  }
   int device = 0, major = 0;
   SPECDEC_CUDA_TRY(cudaGetDevice(&device));
   SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -234,7 +242,6 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
   } else {
     SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel<d::kRowUnroll>, p, split));
   }
-  int const threads = std::min(d::kAcceptMaxThreads, (p.tree.nodes + 31) / 32 * 32);
   d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
   return cuda_launch_status("verify_greedy_accept_kernel");
 }

@@ -4,9 +4,12 @@
 //   tree.tokens / tree.parents [B, N] int32, tree.node_count [B] int32 or nullptr (TreeInput)
 //   links.depth [B, N] int32 and links.tree_status [B] int32 (from tree_build; first_child and
 //     next_sibling are not read and may be nullptr)
-//   logits [B, N, V] float          target logits of every node (row b*N + i)
+//   logits [B, N, V] float          target logits of every node (row b*N + i), or
+//   target_argmax [B, N] int32      the target argmax of every node computed elsewhere (a
+//                                   vocabulary-sharded target: model/kimi's LogitsMode::kArgmax);
+//                                   logits is then not read
 //   argmax_scratch [B, N] int32     written: target argmax of every node, -1 for unused slots and
-//                                   skipped requests
+//                                   skipped requests (with target_argmax: a copy of it)
 //   out (Acceptance)                accepted_path [B, P], num_accepted [B], next_token [B]
 // Node i > 0 is accepted iff its parent is accepted and tokens[i] == argmax(parent); the root is
 // always accepted. The deepest accepted node (ties: smaller index) gives the path, num_accepted =
@@ -31,7 +34,8 @@ constexpr int kVerifyGreedyMaxNodes = 1024;
 struct VerifyGreedyParams {
   TreeInput tree;                     // tokens [B, N], parents [B, N], node_count [B] or nullptr
   TreeLinks links;                    // depth [B, N], tree_status [B] (others unused)
-  float const* logits = nullptr;      // [B, N, V] float
+  float const* logits = nullptr;      // [B, N, V] float (null when target_argmax is given)
+  int32_t const* target_argmax = nullptr;  // [B, N] int32 or null: argmax computed elsewhere
   int vocab = 0;                      // V
   int32_t* argmax_scratch = nullptr;  // [B, N] int32, written
   Acceptance out;                     // accepted_path [B, P], num_accepted [B], next_token [B]
@@ -72,7 +76,9 @@ inline Status validate(VerifyGreedyParams const& p) {
   if (!p.links.depth) return bad("links.depth is null: pass tree_build's depth [B, N]");
   if (!p.links.tree_status)
     return bad("links.tree_status is null: pass tree_build's tree_status [B]");
-  if (!p.logits) return bad("logits is null: pass the target logits [B, N, V]");
+  if (!p.logits && !p.target_argmax) {
+    return bad("logits is null: pass the target logits [B, N, V] (or target_argmax [B, N])");
+  }
   if (!p.argmax_scratch) return bad("argmax_scratch is null: pass an int32 buffer [B, N]");
   if (!p.out.accepted_path) return bad("out.accepted_path is null: pass an int32 buffer [B, P]");
   if (!p.out.num_accepted) return bad("out.num_accepted is null: pass an int32 buffer [B]");

@@ -20,6 +20,10 @@ inline Status verify_greedy_reference(VerifyGreedyParams const& p) {
     int32_t* argmax = p.argmax_scratch + static_cast<int64_t>(b) * nodes;
     for (int i = 0; i < nodes; ++i) {
       argmax[i] = -1;
+      if (p.target_argmax) {
+        argmax[i] = p.target_argmax[static_cast<int64_t>(b) * nodes + i];
+        continue;
+      }
       if (i >= n) continue;
       float const* row = p.logits + (static_cast<int64_t>(b) * nodes + i) * vocab;
       uint64_t best = 0;
