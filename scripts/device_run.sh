@@ -20,6 +20,8 @@
 # --tp-size = the GPU count (tokens compared with one GPU's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# NVLink multicast stays off on the shared multi-GPU hosts (the machines set it; so does this).
+export NCCL_NVLS_ENABLE=0
 stages=() filter=.
 while [ $# -gt 0 ]; do
   case $1 in
