@@ -215,14 +215,26 @@ TEST_CASE(
       CAPTURE(P);
       std::vector<float> const want = cpu_logits(int4 ? tiny().cpu_all_int4 : tiny().cpu_all_bf16);
       std::vector<std::vector<float>> got(P);
+      std::vector<uint64_t> bytes(P);
       Status const s = dist::run_nccl_ranks(comms, [&](int rank, NcclCommunicator& c) -> Status {
         kimi::KimiCudaModel m;
         SPECDEC_RETURN_IF_ERROR(
             kimi::load_kimi_cuda_model(t.weights, t.config, TpShard{rank, P, split}, &c, &m));
         if (m.heads != t.config.num_attention_heads / P) return Status::Internal("heads");
+        bytes[rank] = m.weight_bytes;
         return forward_logits(m, &got[rank]);
       });
       REQUIRE_MESSAGE(s.ok(), s.to_string());
+      // Each rank holds its shard: with 2+ ranks well under one GPU's whole copy (the embedding,
+      // routers, q_a / kv_a projections and norms are replicated), together more than one copy.
+      kimi::KimiCudaModel whole;
+      REQUIRE(kimi::load_kimi_cuda_model(t.weights, t.config, &whole).ok());
+      uint64_t sum = 0;
+      for (int r = 0; r < P; ++r) {
+        sum += bytes[r];
+        if (P > 1) CHECK(bytes[r] < whole.weight_bytes * 3 / 4);
+      }
+      CHECK(sum >= whole.weight_bytes);
       for (int r = 0; r < P; ++r) CHECK(got[r] == got[0]);
       REQUIRE(got[0].size() == want.size());
       testing::MaxDiff d;
