@@ -55,6 +55,12 @@
 //                                tree is host metadata), the proposal's tokens / parents [B, N]
 //                                and each step's acceptance; n-gram lookup and tree_build run on
 //                                the host. draft_device_errors is read once per proposal.
+// Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
+// of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
+// and its own copy of the draft. The forward's all-reduces leave every rank the same residual
+// stream, so every rank computes the same logits (or, for an all-greedy batch, the same argmax),
+// draws the same Philox uniforms and accepts the same tokens: the ranks stay in lockstep with no
+// other exchange.
 // The draft model is the executor's (SpecEngine::DraftModel): DraftCpuModel const on the CPU,
 // DraftCudaModel on CUDA (non-const: its calls use its scratch, so one engine's generate calls,
 // and any other use of that draft, must not overlap).
