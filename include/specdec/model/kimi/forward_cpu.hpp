@@ -39,6 +39,12 @@
 // executor serves small checkpoints (tests, tiny presets, drafts); a real-size CPU run needs
 // products that read bf16 / INT4 directly.
 //
+// Tensor parallel (dist/shard.hpp): load_kimi_cpu_model with a TpShard and the rank's
+// CpuCommunicator gives a model holding that rank's heads, widths, experts and vocabulary slice;
+// its forward all-reduces attention's and the MLP's partial outputs (the residual stream, and so
+// the aux rows, the same on every rank) and gathers the logits' slices (LogitsMode::kFull) or one
+// argmax key per row (kArgmax). Each rank runs the same calls with the same arguments.
+//
 // Errors (Status naming the function, the argument and the numbers; nothing is written to the
 // cache and no length moves when a check fails): unknown or repeated request, cache geometry not
 // the model's, counts / sizes that do not add up, a token outside the vocabulary, a position past
