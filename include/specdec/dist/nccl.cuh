@@ -34,11 +34,9 @@
 #include <vector>
 
 #if defined(SPECDEC_WITH_NCCL)
-#include <arpa/inet.h>
 #include <nccl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #endif
