@@ -21,6 +21,7 @@
 #include "specdec/policy/spec_policy.hpp"
 #include "support/chi_square.hpp"
 #include "support/kimi_model.hpp"
+#include "support/testing.hpp"
 
 namespace specdec::testing {
 
@@ -55,6 +56,38 @@ inline void load_tiny_draft(std::filesystem::path const& dir,
                                                       model::eagle::target_tensors_of(target), kind,
                                                       layers, "the test policy", out);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
+}
+
+// The tiny target (int4 off, seed 11) and its random drafts, written and loaded once per test
+// binary (tiny_engine_models()).
+struct TinyEngineModels {
+  TempDir tmp;
+  TinyKimi tiny;
+  model::kimi::KimiCpuModel target;
+  model::eagle::DraftCpuModel draft;   // EAGLE-3 over TinyLayers
+  model::eagle::DraftCpuModel draft1;  // EAGLE-1/2
+};
+
+inline TinyEngineModels const& tiny_engine_models() {
+  static TinyEngineModels m;
+  static bool const loaded = [] {
+    load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11, &m.tiny);
+    Status s = model::kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.target);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    load_tiny_draft(m.tmp.path / "draft", m.target, &m.draft);
+    load_tiny_draft(m.tmp.path / "draft1", m.target, &m.draft1, DraftKind::kEagle);
+    return true;
+  }();
+  (void)loaded;
+  return m;
+}
+
+// The tiny draft of P's kind (null for NGRAM / NONE).
+template <class P>
+model::eagle::DraftCpuModel const* draft_for() {
+  if constexpr (P::kKind == DraftKind::kEagle3) return &tiny_engine_models().draft;
+  if constexpr (P::kKind == DraftKind::kEagle) return &tiny_engine_models().draft1;
+  return nullptr;
 }
 
 // `requests` through a fresh SpecEngine<P, Exec> over `target` (and `draft` when P drafts with a

@@ -48,36 +48,9 @@ using testing::NG;
 using testing::Plain;
 using testing::TinyLayers;
 
-// The tiny target and its draft, written and loaded once for every test of this file.
-struct Models {
-  testing::TempDir tmp;
-  testing::TinyKimi tiny;
-  kimi::KimiCpuModel target;
-  eagle::DraftCpuModel draft;   // EAGLE-3 over TinyLayers
-  eagle::DraftCpuModel draft1;  // EAGLE-1/2
-};
+using testing::draft_for;
 
-Models const& models() {
-  static Models m;
-  static bool const loaded = [] {
-    testing::load_tiny_kimi(m.tmp.path / "target", /*int4=*/false, /*seed=*/11, &m.tiny);
-    Status s = kimi::load_kimi_cpu_model(m.tiny.weights, m.tiny.config, &m.target);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    testing::load_tiny_draft(m.tmp.path / "draft", m.target, &m.draft);
-    testing::load_tiny_draft(m.tmp.path / "draft1", m.target, &m.draft1, DraftKind::kEagle);
-    return true;
-  }();
-  (void)loaded;
-  return m;
-}
-
-// The draft of P's kind (null for NGRAM / NONE).
-template <class P>
-eagle::DraftCpuModel const* draft_for() {
-  if constexpr (P::kKind == DraftKind::kEagle3) return &models().draft;
-  if constexpr (P::kKind == DraftKind::kEagle) return &models().draft1;
-  return nullptr;
-}
+testing::TinyEngineModels const& models() { return testing::tiny_engine_models(); }
 
 template <class P>
 Status make_engine(SpecEngine<P, CpuExecutor>* e) {
@@ -120,7 +93,7 @@ void check_lossless(std::vector<GenerationRequest> const& requests,
 }
 
 TEST_CASE("engine: plain decoding through the engine equals kimi_generate") {
-  Models const& m = models();
+  auto const& m = models();
   auto const requests = mixed_requests();
   auto const want = run<Plain>(requests);
   for (size_t r = 0; r < requests.size(); ++r) {
@@ -234,7 +207,7 @@ TEST_CASE("engine: sampled speculation keeps the target's distribution of three 
 }
 
 TEST_CASE("engine: the draft model must match the policy") {
-  Models const& m = models();
+  auto const& m = models();
   SpecEngine<E3<Chain<3>>, CpuExecutor> e3;
   testing::check_error(SpecEngine<E3<Chain<3>>, CpuExecutor>::create(&m.target, nullptr, {}, &e3),
                        StatusCode::kInvalidArgument, {"EAGLE3 needs a draft model"});

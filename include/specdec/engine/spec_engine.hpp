@@ -70,6 +70,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <span>
 #include <string>
@@ -83,6 +84,7 @@
 #include "specdec/core/tree.hpp"
 #include "specdec/engine/batch.hpp"
 #include "specdec/engine/metrics.hpp"
+#include "specdec/engine/serving.hpp"
 #include "specdec/engine/target_cpu.hpp"
 #include "specdec/model/eagle/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
@@ -99,19 +101,11 @@
 
 namespace specdec::engine {
 
-struct GenerationRequest {
-  std::vector<int32_t> prompt;  // >= 1 target token ids
-  int max_new_tokens = 16;
-  float temperature = 0.0f;  // 0: greedy
-  int32_t top_k = 0;         // <= 0: no top-k
-  float top_p = 1.0f;        // (0, 1]; 1: no top-p
-  uint64_t seed = 0;
-  bool stop_at_eos = true;
-};
-
+// GenerationRequest (engine/serving.hpp): prompt, max_new_tokens, sampling, eos and stop ids.
 struct GenerationResult {
   std::vector<int32_t> output_ids;
   bool stopped_at_eos = false;
+  FinishReason finish_reason = FinishReason::kLength;
   SpecMetrics metrics;  // this request's counters; times of the batch phases it took part in
 };
 
@@ -121,21 +115,54 @@ struct EngineOptions {
   int ngram_max_n = 4;  // NGRAM: longest suffix matched
 };
 
+// A session (SpecEngine::Session): the running batch's capacity, fixed when it opens.
+//   max_running         requests prefilling or decoding at once (the CUDA draft's cache slots)
+//   num_pages           target MLA cache pages of EngineOptions::page_size tokens
+//   max_request_tokens  prompt + max_new_tokens of one request at most (sizes page tables and
+//                       the CUDA draft's slots)
+//   max_prefill_tokens  prompt tokens prefilled per step, over all prefilling requests (chunked
+//                       prefill: a longer prompt takes several steps)
+struct SessionOptions {
+  int max_running = 0;
+  int num_pages = 0;
+  int64_t max_request_tokens = 0;
+  int64_t max_prefill_tokens = 0;
+};
+
+// What one Session::step did for one request: the output tokens it committed (the first token
+// of a finished prefill, or a verify's accepted drafts and bonus; possibly none, for a prefill
+// chunk), and, when the request finished, why and its metrics. A request whose prefill finished
+// in a step also decodes in it: two events with its id, in that order.
+struct StepEvent {
+  model::kimi::RequestId id = 0;
+  std::vector<int32_t> tokens;
+  bool verified = false;  // the tokens come from a verify (else from a prefill)
+  bool finished = false;
+  FinishReason reason = FinishReason::kLength;
+  SpecMetrics metrics;  // finished only
+};
+
 namespace detail {
 
-inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest const& r, int index,
-                            int path_capacity, int page_size) {
+inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest const& r,
+                            std::string const& who, int path_capacity, int page_size) {
   model::kimi::GenerateOptions o;
   o.max_new_tokens = r.max_new_tokens;
   o.temperature = r.temperature;
   o.page_size = page_size;
   model::kimi::GenerateResult unused;
-  std::string const who = "request " + std::to_string(index);
   SPECDEC_RETURN_IF_ERROR(
       model::kimi::detail::check_generate(c, r.prompt, o, &unused).prefixed(who + ": "));
   if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) {
     return Status::InvalidArgument(who + ": top_p " + std::to_string(r.top_p) +
                                    " outside (0, 1] (1 means no top-p)");
+  }
+  for (int32_t id : r.stop_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return Status::InvalidArgument(who + ": stop id " + std::to_string(id) +
+                                     " outside the vocabulary [0, " +
+                                     std::to_string(c.vocab_size) + ")");
+    }
   }
   int64_t const need = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + path_capacity - 1;
   if (need > c.max_position_embeddings) {
@@ -148,29 +175,22 @@ inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest con
   return Status::Ok();
 }
 
-// The sampling arrays of the requests `batch` (indices into requests), step = each one's output
-// count so far, request id = its index.
-inline void fill_sampling(std::span<GenerationRequest const> requests, std::span<int const> batch,
-                          std::vector<GenerationResult> const& results, BatchSampling* s) {
+// The sampling arrays of a batch: each request's settings, step = its output count so far,
+// request id = its Philox stream.
+template <class Slot>
+void fill_sampling(std::span<Slot const* const> batch, BatchSampling* s) {
   s->resize(batch.size());
   s->all_greedy = true;
   for (size_t b = 0; b < batch.size(); ++b) {
-    size_t const r = static_cast<size_t>(batch[b]);
-    s->temperature[b] = requests[r].temperature;
-    s->top_p[b] = requests[r].top_p;
-    s->top_k[b] = requests[r].top_k;
-    s->seed[b] = requests[r].seed;
-    s->step[b] = static_cast<uint32_t>(results[r].output_ids.size());
-    s->request_id[b] = static_cast<uint32_t>(batch[b]);
-    s->all_greedy = s->all_greedy && requests[r].temperature <= 0.0f;
+    GenerationRequest const& q = batch[b]->request;
+    s->temperature[b] = q.temperature;
+    s->top_p[b] = q.top_p;
+    s->top_k[b] = q.top_k;
+    s->seed[b] = q.seed;
+    s->step[b] = static_cast<uint32_t>(batch[b]->output.size());
+    s->request_id[b] = batch[b]->stream;
+    s->all_greedy = s->all_greedy && q.temperature <= 0.0f;
   }
-}
-
-// Every request of `batch` is greedy (a vocabulary-sharded target then needs only the argmax).
-inline bool all_greedy(std::span<GenerationRequest const> requests, std::span<int const> batch) {
-  return std::all_of(batch.begin(), batch.end(), [&](int r) {
-    return requests[static_cast<size_t>(r)].temperature <= 0.0f;
-  });
 }
 
 // The target of each executor (engine/target_cpu.hpp, engine/target_cuda.cuh).
@@ -197,11 +217,17 @@ struct DraftFor {
   static_assert(kDependentFalse<Exec>, "SpecEngine: no draft model for this executor");
 };
 
-// The host draft's state during one generate: its cache and each request's last extend row
-// (hidden [H], logits [Vd]), indexed by request.
+// The host draft's state during one session: its cache and each request's last extend row
+// (hidden [H], logits [Vd]).
 struct HostDraftRun {
   model::eagle::DraftCache cache;
-  std::vector<std::vector<float>> hidden, logits;
+  std::map<model::kimi::RequestId, std::vector<float>> hidden, logits;
+
+  Status release(model::kimi::RequestId id) {
+    hidden.erase(id);
+    logits.erase(id);
+    return cache.free_request(id);
+  }
 };
 
 template <>
@@ -211,17 +237,18 @@ struct DraftFor<CpuExecutor> {
 };
 
 #if defined(__CUDACC__)
-// The CUDA draft's state during one generate, all on the device but the small per-step arrays:
-// its cache (one slot per request), the last extend's hidden / logits rows [B, H] / [B, Vd] in the
-// order of that extend's batch (the next proposal's batch, which propose checks), and the
-// proposal's buffers, sized once for R requests.
-//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device)
-//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): draft_expand at step 0 on
-//       the extend's logits; for each later step the host reads next_branch [B, K] back (the
-//       draft's parent_scratch is a host array), gathers the parents' hidden rows on the device
-//       and runs draft_step on the K frontier tokens (device); draft_finalize on the device, then
-//       tokens / parents / status [B, N] / [B] to the host, and draft_device_errors (the one
-//       check of the tokens the draft read since the last proposal).
+// The CUDA draft's state during one session, all on the device but the small per-step arrays:
+// its cache (one slot per request), each request's last extend row hidden [H] / logits [Vd] in
+// row `slot` of [R, H] / [R, Vd] (so requests extended in different calls, a prefill's and a
+// verify's, propose together), and the proposal's buffers, sized once for R requests.
+//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device): the
+//       draft extend into [B, H] / [B, Vd] rows, scattered to the requests' slots
+//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): the batch's logits rows
+//       gathered, draft_expand at step 0; for each later step the host reads next_branch [B, K]
+//       back (the draft's parent_scratch is a host array), gathers the parents' hidden rows on
+//       the device and runs draft_step on the K frontier tokens (device); draft_finalize on the
+//       device, then tokens / parents / status [B, N] / [B] to the host, and
+//       draft_device_errors (the one check of the tokens the draft read since the last proposal).
 class CudaDraftRun {
  public:
   using Model = model::eagle::DraftCudaModel;
@@ -260,6 +287,7 @@ class CudaDraftRun {
       SPECDEC_RETURN_IF_ERROR(b->reserve(RN));
     SPECDEC_RETURN_IF_ERROR(status_.reserve(r));
     // draft_expand's workspace, zeroed once (its launches leave it zeroed).
+    has_last_.assign(r, false);
     workspace_bytes_ = ops::draft_expand_workspace_bytes(R, static_cast<int>(Vd), K);
     SPECDEC_RETURN_IF_ERROR(workspace_.reserve((workspace_bytes_ + 7) / 8));
     workspace_bytes_ = (workspace_bytes_ + 7) / 8 * 8;
@@ -275,25 +303,49 @@ class CudaDraftRun {
     SPECDEC_RETURN_IF_ERROR(tokens_.put(tokens.data(), tokens.size(), exec_.stream, &d_tokens));
     SPECDEC_RETURN_IF_ERROR(
         model::eagle::draft_extend(exec_, *model_, &cache, ids, counts, {d_tokens, tokens.size()},
-                                   features, {hidden_last_.data(), static_cast<size_t>(B * H)},
-                                   {logits_last_.data(), static_cast<size_t>(B * Vd)}));
-    extended_.assign(ids.begin(), ids.end());
+                                   features, {step_hidden_.data(), static_cast<size_t>(B * H)},
+                                   {step_logits_.data(), static_cast<size_t>(B * Vd)}));
+    std::vector<int64_t> slots;
+    SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
+    int64_t* d_slots = nullptr;
+    SPECDEC_RETURN_IF_ERROR(from_.put(slots, exec_.stream, &d_slots));
+    SPECDEC_RETURN_IF_ERROR(
+        scatter_rows(step_hidden_.data(), d_slots, B, H, hidden_last_.data(), exec_.stream));
+    SPECDEC_RETURN_IF_ERROR(
+        scatter_rows(step_logits_.data(), d_slots, B, Vd, logits_last_.data(), exec_.stream));
+    for (int64_t slot : slots) has_last_[static_cast<size_t>(slot)] = true;
     // The host waits, so that the extend's phase time holds its GPU work (as the target's
     // forwards do, engine/target_cuda.cuh).
     SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
     return Status::Ok();
   }
 
+  // A request leaves: its slot's rows no longer hold a last extend.
+  Status release(model::kimi::RequestId id) {
+    model::eagle::DraftCudaCache::Sequence const* seq = cache.find(id);
+    if (seq != nullptr) has_last_[static_cast<size_t>(seq->slot)] = false;
+    return cache.free_request(id);
+  }
+
   Status propose(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
                  std::vector<int32_t>* tokens, std::vector<int32_t>* parents) {
     int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
-    if (!std::equal(ids.begin(), ids.end(), extended_.begin(), extended_.end())) {
-      return Status::Internal(
-          "SpecEngine (cuda): the proposal's batch is not the last draft extend's");
-    }
     int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
     size_t const BK = static_cast<size_t>(B) * K, BN = static_cast<size_t>(B) * N;
     cudaStream_t const stream = exec_.stream;
+    std::vector<int64_t> slots;
+    SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
+    for (size_t b = 0; b < slots.size(); ++b) {
+      if (!has_last_[static_cast<size_t>(slots[b])]) {
+        return Status::Internal("SpecEngine (cuda): request " + std::to_string(ids[b]) +
+                                " proposes before any draft extend");
+      }
+    }
+    // Step 0 reads the batch's logits rows [B, Vd] (step_logits_ until step 1 rewrites it).
+    int64_t* d_slots = nullptr;
+    SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
+    SPECDEC_RETURN_IF_ERROR(
+        gather_rows(logits_last_.data(), d_slots, B, Vd, step_logits_.data(), stream));
     // Step 0's frontier: the root of every request (score 0, slot -1).
     SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_scores_.data(), 0, sizeof(float) * B, stream));
     SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_slots_.data(), 0xff, sizeof(int32_t) * B, stream));
@@ -314,8 +366,8 @@ class CudaDraftRun {
     buffers.workspace_bytes = workspace_bytes_;
     int64_t const* d2t = model_->d2t.empty() ? nullptr : model_->d2t_device;
     // The branches' hidden rows [B * branches, H] and logits; their scratch indices (host).
-    float const* hidden = hidden_last_.data();
-    float const* logits = logits_last_.data();
+    float const* hidden = hidden_last_.data();  // step 0's branches: rows `slots`
+    float const* logits = step_logits_.data();
     std::vector<int32_t> scratch(static_cast<size_t>(B), -1), next_branch(BK), parent_scratch(BK);
     std::vector<int64_t> from(BK);
     int branches = 1;
@@ -325,8 +377,9 @@ class CudaDraftRun {
         for (int b = 0; b < B; ++b) {
           for (int i = 0; i < K; ++i) {
             size_t const at = static_cast<size_t>(b) * K + i;
-            from[at] = int64_t{b} * branches + next_branch[at];
-            parent_scratch[at] = scratch[static_cast<size_t>(from[at])];
+            int64_t const branch = int64_t{b} * branches + next_branch[at];
+            from[at] = s == 1 ? slots[static_cast<size_t>(b)] : branch;
+            parent_scratch[at] = scratch[static_cast<size_t>(branch)];
           }
         }
         int64_t* d_from = nullptr;
@@ -377,10 +430,24 @@ class CudaDraftRun {
   }
 
  private:
+  // Each request's draft cache slot (the row of its last extend).
+  Status slots_of(std::span<model::kimi::RequestId const> ids, std::vector<int64_t>* out) const {
+    out->resize(ids.size());
+    for (size_t b = 0; b < ids.size(); ++b) {
+      model::eagle::DraftCudaCache::Sequence const* seq = cache.find(ids[b]);
+      if (seq == nullptr) {
+        return Status::Internal("SpecEngine (cuda): request " + std::to_string(ids[b]) +
+                                " has no draft cache slot");
+      }
+      (*out)[b] = seq->slot;
+    }
+    return Status::Ok();
+  }
+
   Model* model_ = nullptr;
   CudaExecutor exec_{};
   int topk_ = 0, steps_ = 0, nodes_ = 0;
-  std::vector<model::kimi::RequestId> extended_;  // the last extend's batch
+  std::vector<bool> has_last_;  // [R]: the slot's rows hold its request's last extend
   size_t workspace_bytes_ = 0;
   Staging<float> hidden_last_, logits_last_, parent_hidden_, step_hidden_, step_logits_,
       cand_scores_, next_scores_, frontier_scores_;
@@ -488,179 +555,377 @@ class SpecEngine {
     return Status::Ok();
   }
 
+  // Checks one request against the target, the draft and the policy; `who` names it in errors.
+  Status check_request(GenerationRequest const& r, std::string const& who) const {
+    SPECDEC_RETURN_IF_ERROR(detail::check_request(target_->config, r, who, kPathCapacity,
+                                                  options_.page_size));
+    if constexpr (kDraftsWithModel) {
+      int64_t const last =
+          static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + kPathCapacity - 1;
+      int64_t const limit = draft_->config.max_position_embeddings;
+      if (last > limit) {
+        return Status::InvalidArgument(
+            who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
+            std::to_string(r.max_new_tokens) + " new tokens + " +
+            std::to_string(kPathCapacity - 1) +
+            " speculative positions exceed the draft's max_position_embeddings " +
+            std::to_string(limit));
+      }
+    }
+    return Status::Ok();
+  }
+
+  EngineOptions const& options() const { return options_; }
+
+  // Target cache pages a request of `tokens` prompt + new tokens holds (its tree's slots past
+  // the last token included).
+  int pages_for(int64_t tokens) const {
+    return static_cast<int>(ceil_div<int64_t>(tokens + kNodes, options_.page_size));
+  }
+
+  class Session;
+
+  // Every request to its end, as one session of R slots that admits them all at once.
   Status generate(std::span<GenerationRequest const> requests,
                   std::vector<GenerationResult>* results, SpecMetrics* total) const {
     if (target_ == nullptr) return Status::InvalidArgument("SpecEngine::generate: not created");
     if (results == nullptr) return Status::InvalidArgument("SpecEngine::generate: results is null");
     if (requests.empty()) return Status::InvalidArgument("SpecEngine::generate: no requests");
+    SessionOptions o;
+    o.max_running = static_cast<int>(requests.size());
     for (size_t r = 0; r < requests.size(); ++r) {
-      SPECDEC_RETURN_IF_ERROR(detail::check_request(target_->config, requests[r],
-                                                    static_cast<int>(r), kPathCapacity,
-                                                    options_.page_size)
+      GenerationRequest const& q = requests[r];
+      SPECDEC_RETURN_IF_ERROR(check_request(q, "request " + std::to_string(r))
                                   .prefixed("SpecEngine::generate: "));
-      if constexpr (kDraftsWithModel) {
-        int64_t const last = static_cast<int64_t>(requests[r].prompt.size()) +
-                             requests[r].max_new_tokens + kPathCapacity - 1;
-        int64_t const limit = draft_->config.max_position_embeddings;
-        if (last > limit) {
-          return Status::InvalidArgument(
-              "SpecEngine::generate: request " + std::to_string(r) + ": " +
-              std::to_string(requests[r].prompt.size()) + " prompt tokens + " +
-              std::to_string(requests[r].max_new_tokens) + " new tokens + " +
-              std::to_string(kPathCapacity - 1) +
-              " speculative positions exceed the draft's max_position_embeddings " +
-              std::to_string(limit));
-        }
+      int64_t const tokens = static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens;
+      o.num_pages += pages_for(tokens);
+      o.max_request_tokens = std::max(o.max_request_tokens, tokens);
+      o.max_prefill_tokens += static_cast<int64_t>(q.prompt.size());
+    }
+    Session session(*this);
+    SPECDEC_RETURN_IF_ERROR(session.open(o));
+    for (size_t r = 0; r < requests.size(); ++r) {
+      SPECDEC_RETURN_IF_ERROR(session.admit(static_cast<model::kimi::RequestId>(r), requests[r],
+                                            static_cast<uint32_t>(r)));
+    }
+    results->assign(requests.size(), GenerationResult{});
+    std::vector<StepEvent> events;
+    while (!session.idle()) {
+      SPECDEC_RETURN_IF_ERROR(session.step(&events));
+      for (StepEvent& ev : events) {
+        GenerationResult& out = (*results)[static_cast<size_t>(ev.id)];
+        out.output_ids.insert(out.output_ids.end(), ev.tokens.begin(), ev.tokens.end());
+        if (!ev.finished) continue;
+        out.finish_reason = ev.reason;
+        out.stopped_at_eos = ev.reason == FinishReason::kEos;
+        out.metrics = std::move(ev.metrics);
       }
     }
-    Run run(*this, requests);
-    SPECDEC_RETURN_IF_ERROR(run.start());
-    while (!run.active.empty()) SPECDEC_RETURN_IF_ERROR(run.step());
-    if (total != nullptr) *total = run.total();
-    *results = std::move(run.results);
+    if (total != nullptr) *total = session.totals();
     return Status::Ok();
   }
 
- private:
-  // The state of one generate call.
-  struct Run {
-    SpecEngine const& e;
-    io::DeepseekV3Config const& cfg;
-    std::span<GenerationRequest const> requests;
-    int64_t V;
-    std::vector<GenerationResult> results;
-    std::vector<std::vector<int32_t>> history;   // prompt + output per request
-    std::vector<int> active;                     // running request indices, increasing
-    Target target;                               // target KV; RequestId = request index
-    typename detail::DraftFor<Exec>::Run draft;  // EAGLE3 / EAGLE: cache, last extend rows
-    SpecMetrics batch_time;                      // phase times, once per batch phase
+  // A running batch that requests join and leave between steps (continuous batching;
+  // engine/scheduler.hpp drives one):
+  //   Session session(engine); session.open(options);
+  //   session.fits_now(r) -> admit(id, r, stream)   target pages for prompt + max_new_tokens +
+  //                                                 the tree reserved now, a draft slot taken
+  //   session.step(&events)   one prefill forward over up to max_prefill_tokens prompt tokens
+  //                           of the prefilling requests (admission order; a request's last
+  //                           chunk draws its first token and it joins the decoding batch),
+  //                           then one speculative step (DESIGN.md "One speculative step") over
+  //                           the decoding batch; finished requests are released
+  //   session.cancel(id)      frees a request's pages and draft slot at once
+  // A request's Philox stream (`stream`, with its seed) keys its draws, so a seeded request
+  // samples the same tokens whichever batch it runs in. RequestIds are the caller's, unique
+  // among the session's requests.
+  class Session {
+   public:
+    using RequestId = model::kimi::RequestId;
 
-    Run(SpecEngine const& engine, std::span<GenerationRequest const> reqs)
-        : e(engine),
-          cfg(engine.target_->config),
-          requests(reqs),
-          V(cfg.vocab_size),
-          results(reqs.size()),
-          history(reqs.size()),
-          target(engine.target_, engine.exec_) {
-      for (GenerationResult& r : results) r.metrics.reserve_depth(kPathCapacity - 1);
-      batch_time.reserve_depth(kPathCapacity - 1);
+    explicit Session(SpecEngine const& engine)
+        : e_(engine), cfg_(engine.target_->config), target_(engine.target_, engine.exec_) {
+      totals_.reserve_depth(kPathCapacity - 1);
+    }
+    Session(Session const&) = delete;
+    Session& operator=(Session const&) = delete;
+
+    Status open(SessionOptions const& o) {
+      std::string const fn = "SpecEngine::Session::open: ";
+      if (e_.target_ == nullptr) return Status::InvalidArgument(fn + "the engine is not created");
+      if (o.max_running < 1 || o.num_pages < 1 || o.max_request_tokens < 1 ||
+          o.max_prefill_tokens < 1) {
+        return Status::InvalidArgument(
+            fn + "max_running " + std::to_string(o.max_running) + ", num_pages " +
+            std::to_string(o.num_pages) + ", max_request_tokens " +
+            std::to_string(o.max_request_tokens) + " and max_prefill_tokens " +
+            std::to_string(o.max_prefill_tokens) + " must all be >= 1");
+      }
+      int const per_request = e_.pages_for(o.max_request_tokens);
+      if (per_request > o.num_pages) {
+        return Status::InvalidArgument(
+            fn + "a request of max_request_tokens " + std::to_string(o.max_request_tokens) +
+            " needs " + std::to_string(per_request) + " pages of " +
+            std::to_string(e_.options_.page_size) + " tokens, more than the cache's " +
+            std::to_string(o.num_pages) + ": give more pages or a smaller max_request_tokens");
+      }
+      options_ = o;
+      SPECDEC_RETURN_IF_ERROR(
+          target_.create_cache(e_.options_.page_size, o.num_pages, per_request));
+      if constexpr (kDraftsWithModel && kHostDraft) {
+        SPECDEC_RETURN_IF_ERROR(
+            model::eagle::DraftCache::create_for(e_.draft_->config, &draft_.cache));
+      } else if constexpr (kDraftsWithModel) {
+        SPECDEC_RETURN_IF_ERROR(draft_.create(
+            e_.draft_, e_.exec_, o.max_running, o.max_request_tokens + kPathCapacity,
+            std::max<int64_t>(o.max_prefill_tokens, int64_t{o.max_running} * kNodes), kTopK,
+            kSteps, kNodes));
+      }
+      opened_ = true;
+      return Status::Ok();
+    }
+
+    SessionOptions const& options() const { return options_; }
+    // Requests admitted and not finished (prefilling or decoding).
+    int running() const { return static_cast<int>(slots_.size()); }
+    bool idle() const { return slots_.empty(); }
+    bool has_request(RequestId id) const { return slots_.count(id) != 0; }
+    int free_pages() { return target_.table().free_pages(); }
+    int num_pages() const { return options_.num_pages; }
+    // Tokens the running requests hold in the target cache.
+    int64_t cached_tokens() {
+      int64_t sum = 0;
+      for (auto const& [id, slot] : slots_) {
+        int64_t length = 0;
+        if (target_.table().length(id, &length).ok()) sum += length;
+      }
+      return sum;
+    }
+    // Every verify's counters since open, and the phase times of the batch steps, once per step
+    // (not per request).
+    SpecMetrics const& totals() const { return totals_; }
+
+    // Checks the request (the engine's check_request) and that one of its size fits an idle
+    // session; `who` names it.
+    Status check(GenerationRequest const& r, std::string const& who) const {
+      SPECDEC_RETURN_IF_ERROR(e_.check_request(r, who));
+      int64_t const tokens = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+      if (tokens > options_.max_request_tokens) {
+        return Status::InvalidArgument(
+            who + ": " + std::to_string(r.prompt.size()) + " prompt tokens + " +
+            std::to_string(r.max_new_tokens) + " new tokens exceed the " +
+            std::to_string(options_.max_request_tokens) +
+            " tokens a request may hold (max_request_tokens)");
+      }
+      return Status::Ok();
+    }
+
+    // Whether the request can be admitted now: a free running slot and its pages free.
+    bool fits_now(GenerationRequest const& r) {
+      return running() < options_.max_running &&
+             free_pages() >= e_.pages_for(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
+    }
+
+    Status admit(RequestId id, GenerationRequest const& r, uint32_t stream) {
+      std::string const who = "request " + std::to_string(id);
+      if (!opened_) return Status::InvalidArgument("SpecEngine::Session::admit: not open");
+      if (has_request(id)) {
+        return Status::InvalidArgument("SpecEngine::Session::admit: " + who + " is already running");
+      }
+      SPECDEC_RETURN_IF_ERROR(check(r, who).prefixed("SpecEngine::Session::admit: "));
+      if (!fits_now(r)) {
+        return Status::InvalidArgument(
+            "SpecEngine::Session::admit: " + who + " does not fit now: " +
+            std::to_string(running()) + " of " + std::to_string(options_.max_running) +
+            " running, " + std::to_string(free_pages()) + " free pages (fits_now first)");
+      }
+      model::kimi::MlaCache& cache = target_.table();
+      int64_t const tokens = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+      SPECDEC_RETURN_IF_ERROR(cache.add_request(id));
+      Status s = cache.reserve(id, int64_t{e_.pages_for(tokens)} * e_.options_.page_size);
+      if constexpr (kDraftsWithModel) {
+        if (s.ok()) s = draft_.cache.add_request(id);
+      }
+      if (!s.ok()) {
+        (void)cache.free_request(id);
+        return s;
+      }
+      Slot& slot = slots_[id];
+      slot.request = r;
+      slot.stream = stream;
+      slot.history = r.prompt;
+      slot.metrics.reserve_depth(kPathCapacity - 1);
+      prefilling_.push_back(id);
+      return Status::Ok();
+    }
+
+    Status cancel(RequestId id) {
+      if (!has_request(id)) {
+        return Status::InvalidArgument("SpecEngine::Session::cancel: request " +
+                                       std::to_string(id) + " is not running");
+      }
+      return release(id);
+    }
+
+    // One step; *events lists what it did per request (cleared first).
+    Status step(std::vector<StepEvent>* events) {
+      events->clear();
+      if (!prefilling_.empty()) SPECDEC_RETURN_IF_ERROR(prefill(events));
+      if (!decoding_.empty()) SPECDEC_RETURN_IF_ERROR(speculate(events));
+      return Status::Ok();
+    }
+
+   private:
+    struct Slot {
+      GenerationRequest request;
+      uint32_t stream = 0;
+      std::vector<int32_t> history;  // prompt + output
+      std::vector<int32_t> output;
+      int64_t prefilled = 0;         // prompt tokens in the target cache
+      SpecMetrics metrics;
+    };
+
+    Slot& slot(RequestId id) { return slots_.at(id); }
+
+    std::vector<Slot const*> slots_of(std::span<RequestId const> batch) const {
+      std::vector<Slot const*> out;
+      for (RequestId id : batch) out.push_back(&slots_.at(id));
+      return out;
     }
 
     // The target streams the draft reads (none without a draft model).
     std::span<int const> aux_layers() const {
-      if constexpr (kDraftsWithModel) return e.draft_->feature_layers;
+      if constexpr (kDraftsWithModel) return e_.draft_->feature_layers;
       return {};
     }
 
-    std::vector<model::kimi::RequestId> ids_of(std::span<int const> batch) const {
-      return std::vector<model::kimi::RequestId>(batch.begin(), batch.end());
+    // Adds `token` to the request's output; the reason when it is done.
+    std::optional<FinishReason> push(Slot& s, int32_t token) {
+      s.output.push_back(token);
+      s.history.push_back(token);
+      if (s.request.stop_at_eos &&
+          std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), int64_t{token}) !=
+              cfg_.eos_token_ids.end()) {
+        return FinishReason::kEos;
+      }
+      if (std::find(s.request.stop_ids.begin(), s.request.stop_ids.end(), token) !=
+          s.request.stop_ids.end()) {
+        return FinishReason::kStopId;
+      }
+      if (static_cast<int>(s.output.size()) >= s.request.max_new_tokens) return FinishReason::kLength;
+      return std::nullopt;
     }
 
-    // Adds `token` to request r's output; true when the request is done.
-    bool push(int r, int32_t token) {
-      GenerationResult& out = results[static_cast<size_t>(r)];
-      out.output_ids.push_back(token);
-      history[static_cast<size_t>(r)].push_back(token);
-      if (requests[static_cast<size_t>(r)].stop_at_eos) {
-        for (int64_t eos : cfg.eos_token_ids) {
-          if (eos == token) {
-            out.stopped_at_eos = true;
-            return true;
+    // The request leaves: its pages and draft slot are freed.
+    Status release(RequestId id) {
+      SPECDEC_RETURN_IF_ERROR(target_.table().free_request(id));
+      if constexpr (kDraftsWithModel) SPECDEC_RETURN_IF_ERROR(draft_.release(id));
+      std::erase(prefilling_, id);
+      std::erase(decoding_, id);
+      slots_.erase(id);
+      return Status::Ok();
+    }
+
+    // The request finished: its event closes with the reason and metrics, and it leaves.
+    Status finish(RequestId id, FinishReason reason, StepEvent* ev) {
+      ev->finished = true;
+      ev->reason = reason;
+      ev->metrics = slot(id).metrics;
+      return release(id);
+    }
+
+    void add_time(double SpecMetrics::*phase, double seconds, std::span<RequestId const> batch) {
+      totals_.*phase += seconds;
+      for (RequestId id : batch) slot(id).metrics.*phase += seconds;
+    }
+
+    // One prefill forward over the next chunks of the prefilling requests; a request whose
+    // prompt is complete draws its first token and joins the decoding batch.
+    Status prefill(std::vector<StepEvent>* events) {
+      auto const t0 = detail::Clock::now();
+      std::vector<RequestId> batch;
+      std::vector<int32_t> counts, tokens;
+      int64_t budget = options_.max_prefill_tokens;
+      for (RequestId id : prefilling_) {
+        if (budget == 0) break;
+        Slot& s = slot(id);
+        int64_t const n = std::min<int64_t>(
+            budget, static_cast<int64_t>(s.request.prompt.size()) - s.prefilled);
+        batch.push_back(id);
+        counts.push_back(static_cast<int32_t>(n));
+        tokens.insert(tokens.end(), s.request.prompt.begin() + s.prefilled,
+                      s.request.prompt.begin() + s.prefilled + n);
+        budget -= n;
+      }
+      auto const batch_slots = slots_of(batch);
+      BatchSampling all;
+      detail::fill_sampling<Slot>(batch_slots, &all);
+      SPECDEC_RETURN_IF_ERROR(target_.prefill(batch, counts, tokens, aux_layers(), all.all_greedy));
+      // The requests whose prompt is complete: the first token from their last row.
+      std::vector<RequestId> complete;
+      std::vector<int64_t> first_row(batch.size()), last_rows;
+      int64_t row = 0;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        first_row[b] = row;
+        row += counts[b];
+        Slot& s = slot(batch[b]);
+        s.prefilled += counts[b];
+        if (s.prefilled == static_cast<int64_t>(s.request.prompt.size())) {
+          complete.push_back(batch[b]);
+          last_rows.push_back(row - 1);
+        }
+      }
+      std::vector<int32_t> drawn;
+      if (!complete.empty()) {
+        BatchSampling sampling;
+        detail::fill_sampling<Slot>(slots_of(complete), &sampling);
+        SPECDEC_RETURN_IF_ERROR(target_.sample_rows(last_rows, sampling, &drawn));
+      }
+      // Draft entry i of a prompt: token i + 1 (the drawn token after the last) with the
+      // target's features of token i; entries of a chunk [p0, p0 + n).
+      std::vector<RequestId> extended, finished;
+      std::vector<int32_t> d_counts, d_tokens;
+      std::vector<int64_t> d_rows;
+      std::vector<StepEvent> mine;
+      size_t c = 0;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        RequestId const id = batch[b];
+        Slot& s = slot(id);
+        bool const last = c < complete.size() && complete[c] == id;
+        std::optional<FinishReason> done;
+        if (last) {
+          int32_t const token = drawn[c++];
+          StepEvent& ev = mine.emplace_back();
+          ev.id = id;
+          ev.tokens.push_back(token);
+          done = push(s, token);
+          if (done) {
+            ev.reason = *done;
+            finished.push_back(id);
+            continue;
+          }
+        }
+        if constexpr (kDraftsWithModel) {
+          int64_t const p0 = s.prefilled - counts[b];
+          extended.push_back(id);
+          d_counts.push_back(counts[b]);
+          for (int64_t i = p0; i < s.prefilled; ++i) {
+            d_tokens.push_back(s.history[static_cast<size_t>(i + 1)]);
+            d_rows.push_back(first_row[b] + (i - p0));
           }
         }
       }
-      return static_cast<int>(out.output_ids.size()) >=
-             requests[static_cast<size_t>(r)].max_new_tokens;
-    }
-
-    void add_time(double SpecMetrics::*phase, double seconds, std::span<int const> batch) {
-      batch_time.*phase += seconds;
-      for (int r : batch) results[static_cast<size_t>(r)].metrics.*phase += seconds;
-    }
-
-    Status start() {
-      auto const t0 = detail::Clock::now();
-      int const R = static_cast<int>(requests.size());
-      int64_t total_pages = 0;
-      int max_pages = 1;
-      std::vector<int> pages(static_cast<size_t>(R));
-      for (int r = 0; r < R; ++r) {
-        GenerationRequest const& q = requests[static_cast<size_t>(r)];
-        pages[static_cast<size_t>(r)] = static_cast<int>(
-            ceil_div<int64_t>(static_cast<int64_t>(q.prompt.size()) + q.max_new_tokens + kNodes,
-                              e.options_.page_size));
-        total_pages += pages[static_cast<size_t>(r)];
-        max_pages = std::max(max_pages, pages[static_cast<size_t>(r)]);
-      }
-      SPECDEC_RETURN_IF_ERROR(
-          target.create_cache(e.options_.page_size, static_cast<int>(total_pages), max_pages));
-      model::kimi::MlaCache& cache = target.table();
-      std::vector<int> all(static_cast<size_t>(R));
-      std::iota(all.begin(), all.end(), 0);
-      std::vector<int32_t> counts, tokens;
-      if constexpr (kDraftsWithModel && kHostDraft) {
-        SPECDEC_RETURN_IF_ERROR(
-            model::eagle::DraftCache::create_for(e.draft_->config, &draft.cache));
-        draft.hidden.resize(static_cast<size_t>(R));
-        draft.logits.resize(static_cast<size_t>(R));
-      } else if constexpr (kDraftsWithModel) {
-        // Entries per request: prompt + new tokens + the speculative positions past them.
-        int64_t max_length = 1, prompt_rows = 0;
-        for (GenerationRequest const& q : requests) {
-          int64_t const n = static_cast<int64_t>(q.prompt.size());
-          max_length = std::max(max_length, n + q.max_new_tokens + kPathCapacity);
-          prompt_rows += n;
+      SPECDEC_RETURN_IF_ERROR(extend(extended, d_counts, d_tokens, d_rows));
+      add_time(&SpecMetrics::prefill_s, detail::seconds_since(t0), batch);
+      for (StepEvent& ev : mine) {
+        std::erase(prefilling_, ev.id);
+        if (std::find(finished.begin(), finished.end(), ev.id) != finished.end()) {
+          SPECDEC_RETURN_IF_ERROR(finish(ev.id, ev.reason, &ev));
+        } else {
+          decoding_.push_back(ev.id);
         }
-        SPECDEC_RETURN_IF_ERROR(draft.create(e.draft_, e.exec_, R, max_length,
-                                             std::max<int64_t>(prompt_rows, int64_t{R} * kNodes),
-                                             kTopK, kSteps, kNodes));
+        events->push_back(std::move(ev));
       }
-      for (int r = 0; r < R; ++r) {
-        SPECDEC_RETURN_IF_ERROR(cache.add_request(r));
-        SPECDEC_RETURN_IF_ERROR(
-            cache.reserve(r, int64_t{pages[static_cast<size_t>(r)]} * e.options_.page_size));
-        auto const& prompt = requests[static_cast<size_t>(r)].prompt;
-        counts.push_back(static_cast<int32_t>(prompt.size()));
-        tokens.insert(tokens.end(), prompt.begin(), prompt.end());
-        history[static_cast<size_t>(r)] = prompt;
-        if constexpr (kDraftsWithModel) {
-          SPECDEC_RETURN_IF_ERROR(draft.cache.add_request(r));
-        }
-      }
-      auto const ids = ids_of(all);
-      SPECDEC_RETURN_IF_ERROR(
-          target.prefill(ids, counts, tokens, aux_layers(), detail::all_greedy(requests, all)));
-      // The first token of every request from its prompt's last row.
-      std::vector<int64_t> first_row(static_cast<size_t>(R)), last_row(static_cast<size_t>(R));
-      int64_t row = 0;
-      for (int r = 0; r < R; ++r) {
-        first_row[static_cast<size_t>(r)] = row;
-        row += counts[static_cast<size_t>(r)];
-        last_row[static_cast<size_t>(r)] = row - 1;
-      }
-      BatchSampling s;
-      detail::fill_sampling(requests, all, results, &s);
-      std::vector<int32_t> drawn;
-      SPECDEC_RETURN_IF_ERROR(target.sample_rows(last_row, s, &drawn));
-      for (int r = 0; r < R; ++r) {
-        if (!push(r, drawn[static_cast<size_t>(r)])) active.push_back(r);
-      }
-      if constexpr (kDraftsWithModel) {
-        // Draft entry i of a prompt: token i + 1 (the drawn token after the last) with the
-        // target's features of token i.
-        std::vector<int32_t> d_counts, d_tokens;
-        std::vector<int64_t> rows;
-        for (int r : active) {
-          auto const& h = history[static_cast<size_t>(r)];
-          int64_t const T = counts[static_cast<size_t>(r)];
-          d_counts.push_back(static_cast<int32_t>(T));
-          d_tokens.insert(d_tokens.end(), h.begin() + 1, h.begin() + T + 1);
-          for (int64_t i = 0; i < T; ++i) rows.push_back(first_row[static_cast<size_t>(r)] + i);
-        }
-        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, rows));
-      }
-      add_time(&SpecMetrics::prefill_s, detail::seconds_since(t0), all);
       return Status::Ok();
     }
 
@@ -668,35 +933,32 @@ class SpecEngine {
     // rows `rows` [sum counts] for batch; keeps each request's last hidden / logits row for the
     // next proposal (on the host, or on the device for the CUDA draft, whose features are
     // gathered on the device).
-    Status extend(std::span<int const> batch, std::vector<int32_t> const& counts,
+    Status extend(std::span<RequestId const> batch, std::vector<int32_t> const& counts,
                   std::vector<int32_t> const& tokens, std::vector<int64_t> const& rows) {
       if (batch.empty()) return Status::Ok();
-      auto const ids = ids_of(batch);
       if constexpr (!kHostDraft) {
         std::span<float const> features;
-        SPECDEC_RETURN_IF_ERROR(target.gather_aux_rows(rows, &features));
-        return draft.extend(ids, counts, tokens, features);
+        SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(rows, &features));
+        return draft_.extend(batch, counts, tokens, features);
       } else {
         std::vector<float> features;
-        SPECDEC_RETURN_IF_ERROR(target.aux_rows(rows, &features));
+        SPECDEC_RETURN_IF_ERROR(target_.aux_rows(rows, &features));
         std::vector<float> hidden, logits;
-        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_extend(CpuExecutor{}, *e.draft_, &draft.cache,
-                                                           ids, counts, tokens, features, &hidden,
-                                                           &logits));
-        int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
+        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_extend(CpuExecutor{}, *e_.draft_,
+                                                           &draft_.cache, batch, counts, tokens,
+                                                           features, &hidden, &logits));
+        int64_t const H = e_.draft_->hidden(), Vd = e_.draft_->draft_vocab();
         for (size_t b = 0; b < batch.size(); ++b) {
-          size_t const r = static_cast<size_t>(batch[b]);
-          draft.hidden[r].assign(hidden.begin() + static_cast<int64_t>(b) * H,
-                                 hidden.begin() + static_cast<int64_t>(b + 1) * H);
-          draft.logits[r].assign(logits.begin() + static_cast<int64_t>(b) * Vd,
-                                 logits.begin() + static_cast<int64_t>(b + 1) * Vd);
+          draft_.hidden[batch[b]].assign(hidden.begin() + static_cast<int64_t>(b) * H,
+                                         hidden.begin() + static_cast<int64_t>(b + 1) * H);
+          draft_.logits[batch[b]].assign(logits.begin() + static_cast<int64_t>(b) * Vd,
+                                         logits.begin() + static_cast<int64_t>(b + 1) * Vd);
         }
         return Status::Ok();
       }
     }
-
     // Propose for the batch: tokens / parents [B, N], node_count [B].
-    Status propose(std::span<int const> batch, std::vector<int32_t>* tokens,
+    Status propose(std::span<RequestId const> batch, std::vector<int32_t>* tokens,
                    std::vector<int32_t>* parents, std::vector<int32_t>* node_count) {
       int const B = static_cast<int>(batch.size());
       size_t const BN = static_cast<size_t>(B) * kNodes;
@@ -706,15 +968,15 @@ class SpecEngine {
       if constexpr (kKind == DraftKind::kNone) {
         for (int b = 0; b < B; ++b) {
           (*tokens)[static_cast<size_t>(b) * kNodes] =
-              history[static_cast<size_t>(batch[b])].back();
+              slot(batch[b]).history.back();
         }
         return Status::Ok();
       } else if constexpr (kKind == DraftKind::kNGram) {
         size_t max_len = 0;
-        for (int r : batch) max_len = std::max(max_len, history[static_cast<size_t>(r)].size());
+        for (RequestId id : batch) max_len = std::max(max_len, slot(id).history.size());
         std::vector<int32_t> text(static_cast<size_t>(B) * max_len, 0), lengths(B);
         for (int b = 0; b < B; ++b) {
-          auto const& h = history[static_cast<size_t>(batch[b])];
+          auto const& h = slot(batch[b]).history;
           std::copy(h.begin(), h.end(), text.begin() + static_cast<int64_t>(b) * max_len);
           lengths[static_cast<size_t>(b)] = static_cast<int32_t>(h.size());
         }
@@ -723,8 +985,8 @@ class SpecEngine {
         p.lengths = lengths.data();
         p.batch = B;
         p.max_len = static_cast<int>(max_len);
-        p.min_n = e.options_.ngram_min_n;
-        p.max_n = e.options_.ngram_max_n;
+        p.min_n = e_.options_.ngram_min_n;
+        p.max_n = e_.options_.ngram_max_n;
         p.nodes = kNodes;
         p.branches = kTopK;
         p.out_tokens = tokens->data();
@@ -734,8 +996,8 @@ class SpecEngine {
       } else if constexpr (kDraftsWithModel && !kHostDraft) {
         std::vector<int32_t> roots(static_cast<size_t>(B));
         for (int b = 0; b < B; ++b)
-          roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
-        return draft.propose(ids_of(batch), roots, tokens, parents);
+          roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
+        return draft_.propose(batch, roots, tokens, parents);
       } else if constexpr (kDraftsWithModel) {
         return propose_with_draft(batch, tokens, parents);
       } else {
@@ -743,12 +1005,11 @@ class SpecEngine {
       }
     }
 
-    Status propose_with_draft(std::span<int const> batch, std::vector<int32_t>* tokens,
+    Status propose_with_draft(std::span<RequestId const> batch, std::vector<int32_t>* tokens,
                               std::vector<int32_t>* parents) {
       int const B = static_cast<int>(batch.size()), K = kTopK, S = kSteps;
-      int64_t const H = e.draft_->hidden(), Vd = e.draft_->draft_vocab();
+      int64_t const H = e_.draft_->hidden(), Vd = e_.draft_->draft_vocab();
       int const C = ops::draft_candidate_count(K, S);
-      auto const ids = ids_of(batch);
       std::vector<int32_t> cand_tokens(static_cast<size_t>(B) * C),
           cand_parent(static_cast<size_t>(B) * C), next_slots(static_cast<size_t>(B) * K),
           next_tokens(static_cast<size_t>(B) * K), next_draft(static_cast<size_t>(B) * K),
@@ -760,9 +1021,10 @@ class SpecEngine {
       std::vector<float> logits(static_cast<size_t>(B * Vd)), hidden(static_cast<size_t>(B * H));
       std::vector<int32_t> scratch(static_cast<size_t>(B), -1);
       for (int b = 0; b < B; ++b) {
-        size_t const r = static_cast<size_t>(batch[b]);
-        std::copy(draft.logits[r].begin(), draft.logits[r].end(), logits.begin() + b * Vd);
-        std::copy(draft.hidden[r].begin(), draft.hidden[r].end(), hidden.begin() + b * H);
+        std::vector<float> const& last_logits = draft_.logits.at(batch[b]);
+        std::vector<float> const& last_hidden = draft_.hidden.at(batch[b]);
+        std::copy(last_logits.begin(), last_logits.end(), logits.begin() + b * Vd);
+        std::copy(last_hidden.begin(), last_hidden.end(), hidden.begin() + b * H);
       }
       ops::DraftSelectBuffers const buffers{B,
                                             static_cast<int>(Vd),
@@ -790,20 +1052,20 @@ class SpecEngine {
             }
           }
           SPECDEC_RETURN_IF_ERROR(
-              model::eagle::draft_step(CpuExecutor{}, *e.draft_, &draft.cache, ids, K, next_tokens,
+              model::eagle::draft_step(CpuExecutor{}, *e_.draft_, &draft_.cache, batch, K, next_tokens,
                                        parent_hidden, parent_scratch, &hidden, &logits, &scratch));
           frontier_scores = next_scores;
           frontier_slots = next_slots;
           branches = K;
         }
         ops::DraftExpandParams const x = buffers.expand(
-            s, logits.data(), frontier_scores.data(), frontier_slots.data(), e.draft_->d2t.data());
+            s, logits.data(), frontier_scores.data(), frontier_slots.data(), e_.draft_->d2t.data());
         SPECDEC_RETURN_IF_ERROR(ops::draft_expand(CpuExecutor{}, x));
       }
       std::vector<int32_t> roots(static_cast<size_t>(B)),
           node_slot(static_cast<size_t>(B) * kNodes), status(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b)
-        roots[static_cast<size_t>(b)] = history[static_cast<size_t>(batch[b])].back();
+        roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
       ops::DraftFinalizeParams const f = buffers.finalize(
           roots.data(), kNodes, tokens->data(), parents->data(), node_slot.data(), status.data());
       SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(CpuExecutor{}, f));
@@ -817,10 +1079,14 @@ class SpecEngine {
       return Status::Ok();
     }
 
-    Status step() {
-      std::vector<int> const batch = active;
+    // One speculative step over the decoding batch.
+    Status speculate(std::vector<StepEvent>* events) {
+      std::vector<RequestId> const batch = decoding_;
+      std::span<RequestId const> const ids = batch;
       int const B = static_cast<int>(batch.size());
-      auto const ids = ids_of(batch);
+      size_t const first_event = events->size();
+      BatchSampling s;
+      detail::fill_sampling<Slot>(slots_of(batch), &s);
 
       // 1. Propose.
       auto t = detail::Clock::now();
@@ -846,7 +1112,7 @@ class SpecEngine {
       std::vector<int32_t> prefix(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {
         int64_t length = 0;
-        SPECDEC_RETURN_IF_ERROR(target.table().length(batch[static_cast<size_t>(b)], &length));
+        SPECDEC_RETURN_IF_ERROR(target_.table().length(batch[static_cast<size_t>(b)], &length));
         prefix[static_cast<size_t>(b)] = static_cast<int32_t>(length);
       }
       TreeInput const tree{tokens.data(), parents.data(), node_count.data(), B, N};
@@ -880,8 +1146,8 @@ class SpecEngine {
           row[i >> 5] |= 1u << (i & 31);
         }
       }
-      SPECDEC_RETURN_IF_ERROR(target.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers(),
-                                            detail::all_greedy(requests, batch)));
+      SPECDEC_RETURN_IF_ERROR(
+          target_.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers(), s.all_greedy));
       add_time(&SpecMetrics::verify_s, detail::seconds_since(t), batch);
 
       // 4. Accept, 5. commit.
@@ -890,15 +1156,14 @@ class SpecEngine {
       Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
                             tree_status.data()};
-      BatchSampling s;
-      detail::fill_sampling(requests, batch, results, &s);
-      SPECDEC_RETURN_IF_ERROR(target.accept(tree, links, s, acc));
-      SPECDEC_RETURN_IF_ERROR(target.commit(ids, acc));
-      std::vector<int> still;
+      SPECDEC_RETURN_IF_ERROR(target_.accept(tree, links, s, acc));
+      SPECDEC_RETURN_IF_ERROR(target_.commit(ids, acc));
+      std::vector<RequestId> still, finished;
       std::vector<int32_t> d_counts, d_tokens;
       std::vector<int64_t> d_rows;
       for (int b = 0; b < B; ++b) {
-        int const r = batch[static_cast<size_t>(b)];
+        RequestId const id = batch[static_cast<size_t>(b)];
+        Slot& slot_b = slot(id);
         int const a = num_accepted[static_cast<size_t>(b)];
         std::vector<int> proposed_depths;
         for (int i = 1; i < node_count[static_cast<size_t>(b)]; ++i) {
@@ -912,16 +1177,24 @@ class SpecEngine {
               tokens[static_cast<size_t>(b) * N + path[static_cast<size_t>(b) * P_cap + k]]);
         }
         committed.push_back(next_token[static_cast<size_t>(b)]);
-        bool done = false;
+        std::optional<FinishReason> done;
         int taken = 0;
+        StepEvent& ev = events->emplace_back();
+        ev.id = id;
         for (int32_t token : committed) {
           ++taken;
-          if ((done = push(r, token))) break;
+          ev.tokens.push_back(token);
+          if ((done = push(slot_b, token))) break;
         }
-        results[static_cast<size_t>(r)].metrics.record_verify(proposed_depths, std::min(a, taken),
-                                                              taken);
-        if (done) continue;
-        still.push_back(r);
+        slot_b.metrics.record_verify(proposed_depths, std::min(a, taken), taken);
+        totals_.record_verify(proposed_depths, std::min(a, taken), taken);
+        ev.verified = true;
+        if (done) {
+          ev.reason = *done;
+          finished.push_back(id);
+          continue;
+        }
+        still.push_back(id);
         if constexpr (kDraftsWithModel) {
           // Draft entries: committed token k with the features of path node k - 1.
           d_counts.push_back(a + 1);
@@ -933,31 +1206,36 @@ class SpecEngine {
         }
       }
       add_time(&SpecMetrics::commit_s, detail::seconds_since(t), batch);
-      active = std::move(still);
 
       // 6. Draft extend.
       if constexpr (kDraftsWithModel) {
         t = detail::Clock::now();
-        SPECDEC_RETURN_IF_ERROR(extend(active, d_counts, d_tokens, d_rows));
-        add_time(&SpecMetrics::extend_s, detail::seconds_since(t), active);
+        SPECDEC_RETURN_IF_ERROR(extend(still, d_counts, d_tokens, d_rows));
+        add_time(&SpecMetrics::extend_s, detail::seconds_since(t), still);
+      }
+      // The finished requests leave (their events of this speculative step close).
+      for (size_t i = first_event; i < events->size(); ++i) {
+        StepEvent& ev = (*events)[i];
+        if (std::find(finished.begin(), finished.end(), ev.id) != finished.end()) {
+          SPECDEC_RETURN_IF_ERROR(finish(ev.id, ev.reason, &ev));
+        }
       }
       return Status::Ok();
     }
 
-    // Counters summed over requests; times of the batch phases, once each.
-    SpecMetrics total() const {
-      SpecMetrics t;
-      for (GenerationResult const& r : results) {
-        SpecMetrics counters = r.metrics;
-        counters.prefill_s = counters.draft_s = counters.build_s = counters.verify_s =
-            counters.commit_s = counters.extend_s = 0.0;
-        t.merge(counters);
-      }
-      t.merge(batch_time);
-      return t;
-    }
+
+    SpecEngine const& e_;
+    io::DeepseekV3Config const& cfg_;
+    SessionOptions options_;
+    bool opened_ = false;
+    Target target_;                                  // target KV; the caller's RequestIds
+    typename detail::DraftFor<Exec>::Run draft_;     // EAGLE3 / EAGLE: cache, last extend rows
+    std::map<RequestId, Slot> slots_;                // the running requests
+    std::vector<RequestId> prefilling_, decoding_;   // in admission order
+    SpecMetrics totals_;                             // see totals()
   };
 
+ private:
   TargetModel* target_ = nullptr;
   DraftModel* draft_ = nullptr;
   EngineOptions options_;

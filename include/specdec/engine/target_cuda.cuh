@@ -8,7 +8,8 @@
 //   gather_aux_rows(rows [R] host, &features)   the last forward's aux rows gathered ON THE
 //       DEVICE into a buffer of the target's [R, aux_width] (valid until the next gather; the
 //       CUDA EAGLE draft reads it there, nothing is copied to the host)
-// detail::gather_rows: dst row i = src row rows[i] (device rows and arrays), on a stream.
+// detail::gather_rows: dst row i = src row rows[i]; detail::scatter_rows: dst row rows[i] = src
+// row i (device rows and arrays), on a stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -91,6 +92,25 @@ inline Status gather_rows(float const* src, int64_t const* rows, int64_t count, 
   gather_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
       src, rows, count, width, dst);
   return cuda_launch_status("engine gather_rows");
+}
+
+// dst row rows[i] = src row i for i < count, `width` floats each (device arrays; rows distinct).
+static __global__ void scatter_rows_kernel(float const* __restrict__ src,
+                                           int64_t const* __restrict__ rows, int64_t count,
+                                           int64_t width, float* __restrict__ dst) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count * width) return;
+  int64_t const r = i / width, j = i % width;
+  dst[rows[r] * width + j] = src[i];
+}
+
+inline Status scatter_rows(float const* src, int64_t const* rows, int64_t count, int64_t width,
+                           float* dst, cudaStream_t stream) {
+  int64_t const n = count * width;
+  if (n == 0) return Status::Ok();
+  scatter_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
+      src, rows, count, width, dst);
+  return cuda_launch_status("engine scatter_rows");
 }
 
 }  // namespace detail
