@@ -3,7 +3,7 @@
 # missing, so a machine that has everything runs no apt at all). The CUDA toolkit and NCCL come
 # with the machine's CUDA install (/usr/local/cuda) and are used when present.
 set -euo pipefail
-packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev nodejs)
+packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev pkg-config nodejs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -100,6 +100,7 @@
 #include "specdec/core/dispatch.hpp"
 #include "specdec/dist/communicator.hpp"
 #include "specdec/dist/shard.hpp"
+#include "specdec/engine/scheduler.hpp"
 #include "specdec/engine/self_check.hpp"
 #include "specdec/engine/spec_engine.hpp"
 #include "specdec/io/hf_config.hpp"
@@ -108,6 +109,9 @@
 #include "specdec/io/tokenizer_files.hpp"
 #if defined(SPECDEC_HAVE_PCRE2)
 #include "specdec/io/tokenizer.hpp"
+#endif
+#if defined(SPECDEC_HAVE_SERVER)
+#include "server.hpp"
 #endif
 #include "specdec/model/eagle/config.hpp"
 #include "specdec/model/eagle/random_checkpoint.hpp"
@@ -486,6 +490,7 @@ struct GenerateFlags {
   float top_p = 1.0f;
   bool json = false, self_check = true;
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
+  bool have_steps = false, have_topk = false, have_nodes = false;
   int tp_size = 1, nnodes = 1, node_rank = 0;
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
   std::string dist_init_addr;
@@ -524,28 +529,27 @@ Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
 }
 #endif
 
-// One request through SpecEngine<P, Exec>: draft loaded for P on Exec (load_draft), self-check,
-// generation.
-// Every tensor-parallel rank runs it (the same steps, the same collectives); rank 0 (`leader`)
-// prints and fills *j.
+// SpecEngine<P, Exec> over `target`: the draft loaded for P on Exec (load_draft) into *draft,
+// the engine created, its configuration printed, the self-check run (also the warm-up, so a
+// timed request does not carry the first call's set-up). Every tensor-parallel rank runs it;
+// rank 0 (`leader`) prints.
 template <class P, class Exec>
-Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
-                  typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                  std::vector<int32_t> const& ids, bool leader, nlohmann::json* j) {
+Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
+                    typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target, bool leader,
+                    std::remove_const_t<typename specdec::engine::SpecEngine<P, Exec>::DraftModel>* draft,
+                    specdec::engine::SpecEngine<P, Exec>* engine) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
-  std::remove_const_t<typename Engine::DraftModel> draft;
   if constexpr (Engine::kDraftsWithModel) {
     std::optional<specdec::io::ProgressBar> bar;
     if (leader) bar.emplace("load draft " + g.draft_path);
-    Status const s = load_draft<P>(g, m, *target, &draft);
+    Status const s = load_draft<P>(g, m, *target, draft);
     if (bar) bar->finish();
     SPECDEC_RETURN_IF_ERROR(s);
   }
-  Engine engine;
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
   SPECDEC_RETURN_IF_ERROR(
-      Engine::create(target, Engine::kDraftsWithModel ? &draft : nullptr, eo, &engine));
+      Engine::create(target, Engine::kDraftsWithModel ? draft : nullptr, eo, engine));
   if (leader) {
     std::fprintf(stderr, "specdec-kimi: speculative config: %s%s; tp=%d%s\n",
                  specdec::describe<P>().c_str(),
@@ -558,11 +562,9 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                                         : "split by vocabulary)"))
                                       .c_str());
   }
-  // Also the warm-up of every run (NONE included, which it never warns about), so the timed
-  // request does not carry the first call's set-up.
   if (g.self_check) {
     specdec::engine::SelfCheckReport report;
-    SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(engine, m.config.vocab_size, &report));
+    SPECDEC_RETURN_IF_ERROR(specdec::engine::self_check(*engine, m.config.vocab_size, &report));
     if (leader) {
       std::fprintf(stderr, "specdec-kimi: self-check: accept length %.3f over %lld verifies\n",
                    report.metrics.accept_length(),
@@ -570,6 +572,20 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
       if (!report.warning.empty()) std::fprintf(stderr, "%s\n", report.warning.c_str());
     }
   }
+  return Status::Ok();
+}
+
+// One request through SpecEngine<P, Exec> (start_engine, then the generation). Every
+// tensor-parallel rank runs it (the same steps, the same collectives); rank 0 (`leader`) prints
+// and fills *j.
+template <class P, class Exec>
+Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
+                  typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                  std::vector<int32_t> const& ids, bool leader, nlohmann::json* j) {
+  using Engine = specdec::engine::SpecEngine<P, Exec>;
+  std::remove_const_t<typename Engine::DraftModel> draft;
+  Engine engine;
+  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, leader, &draft, &engine)));
   specdec::engine::GenerationRequest r;
   r.prompt = ids;
   r.max_new_tokens = g.o.max_new_tokens;
@@ -590,7 +606,7 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   if (!leader) return Status::Ok();
   size_t const n = out[0].output_ids.size();
   *j = {{"output_ids", out[0].output_ids},
-        {"finish_reason", out[0].stopped_at_eos ? "eos" : "length"},
+        {"finish_reason", specdec::engine::finish_reason_name(out[0].finish_reason)},
         {"prompt_tokens", ids.size()},
         {"device", g.device},
         {"speculative_config", specdec::describe<P>()},
@@ -636,52 +652,20 @@ Status nccl_communicators(GenerateFlags const& g, std::vector<specdec::dist::Ncc
 }
 #endif
 
-int generate(int argc, char** argv) {
-  GenerateFlags g;
-  bool have_max = false, have_steps = false, have_topk = false, have_nodes = false;
-  bool have_input = false;
-  for (Flags f(argc, argv); f.next();) {
-    if (f.is("--model-path")) g.path = f.value();
-    else if (f.is("--input-ids")) g.input = f.value(), have_input = true;
-    else if (f.is("--prompt")) g.prompt = f.value();
-    else if (f.is("--chat")) g.chat = true;
-    else if (f.is("--tokenizer")) g.tokenizer_dir = f.value();
-    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
-    else if (f.is("--temperature")) g.o.temperature = f.number<float>();
-    else if (f.is("--top-k")) g.top_k = f.number<int32_t>();
-    else if (f.is("--top-p")) g.top_p = f.number<float>();
-    else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
-    else if (f.is("--device")) g.device = f.value();
-    else if (f.is("--page-size")) g.o.page_size = f.number<int>();
-    else if (f.is("--ignore-eos")) g.o.stop_at_eos = false;
-    else if (f.is("--json")) g.json = true;
-    else if (f.is("--no-self-check")) g.self_check = false;
-    else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
-    else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
-    else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), have_steps = true;
-    else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), have_topk = true;
-    else if (f.is("--speculative-num-draft-tokens"))
-      g.spec.num_draft_tokens = f.number<int>(), have_nodes = true;
-    else if (f.is("--tp-size")) g.tp_size = f.number<int>();
-    else if (f.is("--moe-split")) {
-      Status const ms = specdec::dist::parse_moe_split(f.value(), &g.moe_split);
-      if (!ms.ok()) fail_usage(ms.message());
-    }
-    else if (f.is("--nnodes")) g.nnodes = f.number<int>();
-    else if (f.is("--node-rank")) g.node_rank = f.number<int>();
-    else if (f.is("--dist-init-addr")) g.dist_init_addr = f.value();
-    else f.unknown();
-  }
-  if (g.path.empty()) fail_usage("generate needs --model-path DIR");
-  if (have_input == g.prompt.has_value()) {
-    fail_usage(std::string("generate needs exactly one of --input-ids (comma-separated token ids) "
-                           "and --prompt TEXT; got ") +
-               (have_input ? "both" : "neither"));
-  }
-  if (g.chat && !g.prompt) {
-    fail_usage("--chat applies Kimi's chat template to --prompt TEXT (not to --input-ids)");
-  }
-  if (!have_max) fail_usage("generate needs --max-new-tokens N");
+#if defined(SPECDEC_HAVE_PCRE2)
+// The tokenizer's vocabulary is the model's.
+Status check_tokenizer_fits(specdec::io::Tokenizer const& tokenizer, std::string const& dir,
+                            specdec::io::DeepseekV3Config const& config) {
+  if (tokenizer.vocab_size() == config.vocab_size) return Status::Ok();
+  return Status::InvalidArgument(
+      "the tokenizer in " + dir + " has " + std::to_string(tokenizer.vocab_size()) +
+      " ids, the model (config.json vocab_size) " + std::to_string(config.vocab_size) +
+      ": not this model's tokenizer (--tokenizer DIR names the right one)");
+}
+#endif
+
+// Usage errors of the shared flags (exit 2).
+void check_common_flags(GenerateFlags const& g) {
   if (g.device != "cpu" && g.device != "cuda") fail_usage("--device " + g.device + ": use cpu or cuda");
   if (g.tp_size < 1) fail_usage("--tp-size " + std::to_string(g.tp_size) + ": must be >= 1");
   if (g.nnodes < 1 || g.node_rank < 0 || g.node_rank >= g.nnodes) {
@@ -699,23 +683,119 @@ int generate(int argc, char** argv) {
   if (g.nnodes == 1 && !g.dist_init_addr.empty()) {
     fail_usage("--dist-init-addr is for --nnodes > 1 (one process needs no rendezvous)");
   }
-  if (g.spec.algorithm != "NONE" && !(have_steps && have_topk && have_nodes)) {
+}
+
+// The tree flags all given, and the device at hand.
+Status check_device(GenerateFlags const& g) {
+  if (g.spec.algorithm != "NONE" && !(g.have_steps && g.have_topk && g.have_nodes)) {
     // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
-    return finish(Status::InvalidArgument(
+    return Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
         " needs --speculative-num-steps, --speculative-eagle-topk and "
-        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); none is defaulted"));
+        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); none is defaulted");
   }
 #if defined(__CUDACC__)
   if (g.device == "cuda" && !specdec::cuda_device_available()) {
-    return finish(Status::Unsupported("--device cuda: no CUDA device is visible; use --device cpu"));
+    return Status::Unsupported("--device cuda: no CUDA device is visible; use --device cpu");
   }
 #else
   if (g.device == "cuda") {
-    return finish(Status::Unsupported(
-        "--device cuda: this specdec-kimi was built without CUDA; use --device cpu"));
+    return Status::Unsupported(
+        "--device cuda: this specdec-kimi was built without CUDA; use --device cpu");
   }
 #endif
+  return Status::Ok();
+}
+
+// The speculative flags against the target's config and the draft checkpoint's (the EAGLE-3
+// layer set is the checkpoint's record), matched to a compiled bundle (a dry dispatch) before
+// any weight loads.
+Status check_speculation(specdec::io::DeepseekV3Config const& target_config, GenerateFlags* gp,
+                         specdec::DraftKind* kind_out) {
+  GenerateFlags& g = *gp;
+  g.spec.num_target_layers = target_config.num_hidden_layers;
+  specdec::DraftKind kind{};
+  if (!specdec::parse_draft_kind(g.spec.algorithm, &kind)) return specdec::validate(g.spec);
+  *kind_out = kind;
+  bool const drafts_with_model =
+      kind == specdec::DraftKind::kEagle3 || kind == specdec::DraftKind::kEagle;
+  if (drafts_with_model && g.draft_path.empty()) {
+    return Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                   " needs --speculative-draft-model-path DIR");
+  }
+  if (!drafts_with_model && !g.draft_path.empty()) {
+    return Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
+                                   " uses no draft model, but "
+                                   "--speculative-draft-model-path was given: drop it, or "
+                                   "use EAGLE3 / EAGLE for a draft model");
+  }
+  if (drafts_with_model) {
+    specdec::model::eagle::DraftConfig draft;
+    SPECDEC_RETURN_IF_ERROR(specdec::model::eagle::read_draft_config(
+        g.draft_path, target_config.num_hidden_layers, &draft));
+    SPECDEC_RETURN_IF_ERROR(specdec::model::eagle::check_draft_config_fits(
+        draft, kind, draft.layers, "--speculative-algorithm " + g.spec.algorithm));
+    if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
+  }
+  return specdec::dispatch<ServedPolicies>(g.spec, [](auto) -> Status { return Status::Ok(); });
+}
+
+// The flags generate and serve share (model, tokenizer, device, speculation, tensor parallel);
+// false when f's flag is none of them.
+bool common_flag(Flags& f, GenerateFlags& g) {
+  if (f.is("--model-path")) g.path = f.value();
+  else if (f.is("--tokenizer")) g.tokenizer_dir = f.value();
+  else if (f.is("--device")) g.device = f.value();
+  else if (f.is("--page-size")) g.o.page_size = f.number<int>();
+  else if (f.is("--no-self-check")) g.self_check = false;
+  else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
+  else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
+  else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), g.have_steps = true;
+  else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), g.have_topk = true;
+  else if (f.is("--speculative-num-draft-tokens"))
+    g.spec.num_draft_tokens = f.number<int>(), g.have_nodes = true;
+  else if (f.is("--tp-size")) g.tp_size = f.number<int>();
+  else if (f.is("--moe-split")) {
+    Status const ms = specdec::dist::parse_moe_split(f.value(), &g.moe_split);
+    if (!ms.ok()) fail_usage(ms.message());
+  }
+  else if (f.is("--nnodes")) g.nnodes = f.number<int>();
+  else if (f.is("--node-rank")) g.node_rank = f.number<int>();
+  else if (f.is("--dist-init-addr")) g.dist_init_addr = f.value();
+  else return false;
+  return true;
+}
+
+int generate(int argc, char** argv) {
+  GenerateFlags g;
+  bool have_max = false, have_input = false;
+  for (Flags f(argc, argv); f.next();) {
+    if (common_flag(f, g)) continue;
+    if (f.is("--input-ids")) g.input = f.value(), have_input = true;
+    else if (f.is("--prompt")) g.prompt = f.value();
+    else if (f.is("--chat")) g.chat = true;
+    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
+    else if (f.is("--temperature")) g.o.temperature = f.number<float>();
+    else if (f.is("--top-k")) g.top_k = f.number<int32_t>();
+    else if (f.is("--top-p")) g.top_p = f.number<float>();
+    else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
+    else if (f.is("--ignore-eos")) g.o.stop_at_eos = false;
+    else if (f.is("--json")) g.json = true;
+    else f.unknown();
+  }
+  if (g.path.empty()) fail_usage("generate needs --model-path DIR");
+  if (have_input == g.prompt.has_value()) {
+    fail_usage(std::string("generate needs exactly one of --input-ids (comma-separated token ids) "
+                           "and --prompt TEXT; got ") +
+               (have_input ? "both" : "neither"));
+  }
+  if (g.chat && !g.prompt) {
+    fail_usage("--chat applies Kimi's chat template to --prompt TEXT (not to --input-ids)");
+  }
+  if (!have_max) fail_usage("generate needs --max-new-tokens N");
+  check_common_flags(g);
+  Status s = check_device(g);
+  if (!s.ok()) return finish(s);
   // The prompt's ids: --input-ids, or --prompt through the tokenizer, which also decodes the
   // output whenever it is at hand (--prompt, --tokenizer, or a tiktoken.model in --model-path).
   std::string const tokenizer_dir = g.tokenizer_dir.empty() ? g.path : g.tokenizer_dir;
@@ -750,45 +830,16 @@ int generate(int argc, char** argv) {
   if (!g.prompt) ids = number_list<int32_t>("--input-ids", g.input);
   // The configuration is checked against both config.json files before any weight is read.
   specdec::io::DeepseekV3Config target_config;
-  Status s = specdec::io::load_config(g.path, &target_config);
+  s = specdec::io::load_config(g.path, &target_config);
   if (!s.ok()) return finish(s);
 #if defined(SPECDEC_HAVE_PCRE2)
-  if (tokenizer && tokenizer->vocab_size() != target_config.vocab_size) {
-    return finish(Status::InvalidArgument(
-        "the tokenizer in " + tokenizer_dir + " has " + std::to_string(tokenizer->vocab_size()) +
-        " ids, the model (config.json vocab_size) " + std::to_string(target_config.vocab_size) +
-        ": not this model's tokenizer (--tokenizer DIR names the right one)"));
+  if (tokenizer) {
+    s = check_tokenizer_fits(*tokenizer, tokenizer_dir, target_config);
+    if (!s.ok()) return finish(s);
   }
 #endif
-  g.spec.num_target_layers = target_config.num_hidden_layers;
   specdec::DraftKind kind{};
-  if (!specdec::parse_draft_kind(g.spec.algorithm, &kind)) return finish(specdec::validate(g.spec));
-  bool const drafts_with_model =
-      kind == specdec::DraftKind::kEagle3 || kind == specdec::DraftKind::kEagle;
-  if (drafts_with_model && g.draft_path.empty()) {
-    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
-                                          " needs --speculative-draft-model-path DIR"));
-  }
-  if (!drafts_with_model && !g.draft_path.empty()) {
-    return finish(Status::InvalidArgument("--speculative-algorithm " + g.spec.algorithm +
-                                          " uses no draft model, but "
-                                          "--speculative-draft-model-path was given: drop it, or "
-                                          "use EAGLE3 / EAGLE for a draft model"));
-  }
-  if (drafts_with_model) {
-    // The layer set is the checkpoint's record; a draft of the other algorithm is named as such.
-    specdec::model::eagle::DraftConfig draft;
-    s = specdec::model::eagle::read_draft_config(g.draft_path,
-                                                   target_config.num_hidden_layers, &draft);
-    if (!s.ok()) return finish(s);
-    s = specdec::model::eagle::check_draft_config_fits(draft, kind, draft.layers,
-                                                        "--speculative-algorithm " +
-                                                            g.spec.algorithm);
-    if (!s.ok()) return finish(s);
-    if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
-  }
-  // Validated and matched to a compiled bundle (a dry dispatch) before the weights load.
-  s = specdec::dispatch<ServedPolicies>(g.spec, [](auto) -> Status { return Status::Ok(); });
+  s = check_speculation(target_config, &g, &kind);
   if (!s.ok()) return finish(s);
   LoadedCheckpoint m;
   s = load_checkpoint(g.path, &m);
@@ -854,6 +905,174 @@ int generate(int argc, char** argv) {
   return finish(s);
 }
 
+// The serve flags beyond generate's shared ones.
+struct ServeFlags {
+  int max_running = 16;                // --max-running-requests
+  int64_t max_total_tokens = 65536;    // --max-total-tokens: the target KV pool, in tokens
+  int64_t context_length = 0;          // --context-length: 0 = the model's, within the pool
+  int64_t chunked_prefill_size = 512;  // --chunked-prefill-size
+  int max_queued = 4096;               // --max-queued-requests
+  int decode_log_interval = 40;        // --decode-log-interval
+  std::string served_model_name;       // --served-model-name (default: --model-path)
+#if defined(SPECDEC_HAVE_SERVER)
+  specdec::kimi_server::ServerOptions server;
+#endif
+};
+
+#if defined(SPECDEC_HAVE_SERVER)
+// SpecEngine<P, Exec> behind a Scheduler, served over HTTP until a signal stops it.
+template <class P, class Exec>
+Status run_serve(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint const& m,
+                 typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                 specdec::io::Tokenizer const& tokenizer) {
+  using Engine = specdec::engine::SpecEngine<P, Exec>;
+  std::remove_const_t<typename Engine::DraftModel> draft;
+  Engine engine;
+  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, /*leader=*/true, &draft, &engine)));
+  specdec::engine::SchedulerOptions so;
+  so.session.max_running = sf.max_running;
+  so.session.num_pages = static_cast<int>(specdec::ceil_div<int64_t>(sf.max_total_tokens, g.o.page_size));
+  so.session.max_request_tokens = sf.context_length;
+  so.session.max_prefill_tokens = sf.chunked_prefill_size;
+  so.max_queued = sf.max_queued;
+  so.decode_log_interval = sf.decode_log_interval;
+  specdec::engine::ServingInfo info;
+  info.model_name = sf.served_model_name;
+  info.model_path = g.path;
+  info.speculative_config =
+      specdec::describe<P>() + (g.draft_path.empty() ? "" : " draft=" + g.draft_path);
+  info.speculative_algorithm = g.spec.algorithm;
+  info.speculative_num_steps = P::kSteps;
+  info.speculative_eagle_topk = P::kTopK;
+  info.speculative_num_draft_tokens = P::kNodes;
+  info.device = g.device;
+  info.context_length = sf.context_length;
+  info.vocab_size = m.config.vocab_size;
+  for (int64_t id : m.config.eos_token_ids) info.eos_ids.push_back(static_cast<int32_t>(id));
+  std::unique_ptr<specdec::engine::Scheduler<Engine>> scheduler;
+  SPECDEC_RETURN_IF_ERROR(specdec::engine::Scheduler<Engine>::create(&engine, so, info, &scheduler));
+  std::fprintf(stderr,
+               "specdec-kimi: scheduler: max running %d, KV pool %lld tokens (%d pages of %d), "
+               "context %lld, chunked prefill %lld, queue %d\n",
+               sf.max_running, static_cast<long long>(sf.max_total_tokens), so.session.num_pages,
+               g.o.page_size, static_cast<long long>(sf.context_length),
+               static_cast<long long>(sf.chunked_prefill_size), sf.max_queued);
+  return specdec::kimi_server::run_server(sf.server, *scheduler, tokenizer);
+}
+#endif
+
+int serve(int argc, char** argv) {
+  GenerateFlags g;
+  ServeFlags sf;
+  std::string host = "127.0.0.1", api_key;
+  int port = 30000, default_max_tokens = 128;
+  for (Flags f(argc, argv); f.next();) {
+    if (common_flag(f, g)) continue;
+    if (f.is("--host")) host = f.value();
+    else if (f.is("--port")) port = f.number<int>();
+    else if (f.is("--api-key")) api_key = f.value();
+    else if (f.is("--served-model-name")) sf.served_model_name = f.value();
+    else if (f.is("--max-running-requests")) sf.max_running = f.number<int>();
+    else if (f.is("--max-total-tokens")) sf.max_total_tokens = f.number<int64_t>();
+    else if (f.is("--context-length")) sf.context_length = f.number<int64_t>();
+    else if (f.is("--chunked-prefill-size")) sf.chunked_prefill_size = f.number<int64_t>();
+    else if (f.is("--max-queued-requests")) sf.max_queued = f.number<int>();
+    else if (f.is("--decode-log-interval")) sf.decode_log_interval = f.number<int>();
+    else if (f.is("--default-max-tokens")) default_max_tokens = f.number<int>();
+    else f.unknown();
+  }
+  if (g.path.empty()) fail_usage("serve needs --model-path DIR");
+  check_common_flags(g);
+  if (port < 0 || port > 65535) fail_usage("--port " + std::to_string(port) + ": use 0..65535");
+  if (sf.max_running < 1 || sf.max_total_tokens < 1 || sf.chunked_prefill_size < 1 ||
+      sf.context_length < 0 || sf.max_queued < 0 || sf.decode_log_interval < 0 ||
+      default_max_tokens < 1) {
+    fail_usage("--max-running-requests, --max-total-tokens, --chunked-prefill-size and "
+               "--default-max-tokens must be >= 1; --context-length, --max-queued-requests and "
+               "--decode-log-interval >= 0");
+  }
+#if !defined(SPECDEC_HAVE_SERVER)
+  (void)host, (void)api_key, (void)default_max_tokens;
+  return finish(Status::Unsupported(
+      "serve: this specdec-kimi was built without its HTTP server, which needs cpp-httplib "
+      "(apt: libcpp-httplib-dev) and PCRE2 for the tokenizer (apt: libpcre2-dev); "
+      "scripts/setup.sh installs both, then rebuild"));
+#else
+  if (g.tp_size != 1) {
+    return finish(Status::Unsupported(
+        "serve runs one rank: --tp-size " + std::to_string(g.tp_size) +
+        " is for generate (tensor-parallel serving is not built yet)"));
+  }
+  Status s = check_device(g);
+  if (!s.ok()) return finish(s);
+  specdec::io::DeepseekV3Config target_config;
+  s = specdec::io::load_config(g.path, &target_config);
+  if (!s.ok()) return finish(s);
+  std::string const tokenizer_dir = g.tokenizer_dir.empty() ? g.path : g.tokenizer_dir;
+  specdec::io::Tokenizer tokenizer;
+  s = specdec::io::Tokenizer::load(tokenizer_dir, &tokenizer);
+  if (!s.ok()) return finish(s.prefixed("tokenizer (--tokenizer DIR, default --model-path): "));
+  s = check_tokenizer_fits(tokenizer, tokenizer_dir, target_config);
+  if (!s.ok()) return finish(s);
+  // A request holds prompt + new tokens + the tree's positions past them (at most
+  // num_draft_tokens): the context is the model's less those, within the KV pool, unless
+  // --context-length gives a smaller one; a larger one is an error, never trimmed.
+  int64_t const margin = std::max(g.spec.num_draft_tokens, 1);
+  int64_t const model_context = target_config.max_position_embeddings - margin;
+  int64_t const pool_context = sf.max_total_tokens - margin;
+  if (sf.context_length > model_context) {
+    return finish(Status::InvalidArgument(
+        "--context-length " + std::to_string(sf.context_length) + " + " + std::to_string(margin) +
+        " speculative positions exceed the model's max_position_embeddings " +
+        std::to_string(target_config.max_position_embeddings)));
+  }
+  if (sf.context_length > pool_context) {
+    return finish(Status::InvalidArgument(
+        "--context-length " + std::to_string(sf.context_length) + " + " + std::to_string(margin) +
+        " speculative positions exceed --max-total-tokens " + std::to_string(sf.max_total_tokens) +
+        " (the KV pool): one request could never fit"));
+  }
+  if (sf.context_length == 0) sf.context_length = std::min(model_context, pool_context);
+  if (sf.context_length < 2) {
+    return finish(Status::InvalidArgument("the context (" + std::to_string(sf.context_length) +
+                                          " tokens) has no room for a prompt and a token"));
+  }
+  if (sf.served_model_name.empty()) sf.served_model_name = g.path;
+  sf.server.host = host;
+  sf.server.port = port;
+  sf.server.api_key = api_key;
+  sf.server.default_max_tokens = default_max_tokens;
+  specdec::DraftKind kind{};
+  s = check_speculation(target_config, &g, &kind);
+  if (!s.ok()) return finish(s);
+  LoadedCheckpoint m;
+  s = load_checkpoint(g.path, &m);
+  if (!s.ok()) return finish(s);
+  specdec::dist::TpShard shard;  // the whole model
+  if (g.device == "cpu") {
+    specdec::model::kimi::KimiCpuModel target;
+    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, shard, nullptr, &target);
+    if (s.ok()) {
+      s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+        return run_serve<P, specdec::CpuExecutor>(g, sf, m, &target, tokenizer);
+      });
+    }
+  }
+#if defined(__CUDACC__)
+  if (g.device == "cuda") {
+    specdec::model::kimi::KimiCudaModel target;
+    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, shard, nullptr, &target);
+    if (s.ok()) {
+      s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+        return run_serve<P, specdec::CudaExecutor>(g, sf, m, &target, tokenizer);
+      });
+    }
+  }
+#endif
+  return finish(s);
+#endif
+}
+
 int dequantize(int argc, char** argv) {
   std::string path, out;
   for (Flags f(argc, argv); f.next();) {
@@ -872,7 +1091,7 @@ int dequantize(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fail_usage("missing command (init-random, inspect, generate, tokenize, dequantize)");
+    fail_usage("missing command (init-random, inspect, generate, serve, tokenize, dequantize)");
   }
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
@@ -884,11 +1103,12 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return inspect(argc, argv);
     if (cmd == "dequantize") return dequantize(argc, argv);
     if (cmd == "generate") return generate(argc, argv);
+    if (cmd == "serve") return serve(argc, argv);
     if (cmd == "tokenize") return tokenize(argc, argv);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
   fail_usage("unknown command '" + cmd +
-             "' (init-random, inspect, generate, tokenize, dequantize)");
+             "' (init-random, inspect, generate, serve, tokenize, dequantize)");
 }

@@ -4,7 +4,7 @@
 //   std::unique_ptr<Scheduler<Engine>> s;
 //   Scheduler<Engine>::create(&engine, options, info, &s);   // opens the session, starts a thread
 //   s->submit(request, {on_tokens, on_finish}, &id);          // from any thread
-//   s->cancel(id); s->stats(); s->shutdown(cancel_running);
+//   s->cancel(id); s->stats(); s->shutdown(cancel_running);  // shutdown: from any threads
 //
 // One worker thread owns the session and loops:
 //   1. cancellations (cancel(), a stop string, shutdown): queued requests leave the queue,
@@ -132,6 +132,7 @@ class Scheduler final : public ServingBackend {
       cancel_running_ = cancel_running_ || cancel_running;
       wake_.notify_all();
     }
+    std::lock_guard join(join_mu_);  // concurrent callers wait for the one join
     if (worker_.joinable()) worker_.join();
   }
 
@@ -396,6 +397,7 @@ class Scheduler final : public ServingBackend {
   ServingStats stats_;                  // guarded by mu_
   uint64_t next_id_ = 1;                // guarded by mu_
   bool stopping_ = false, cancel_running_ = false;  // guarded by mu_
+  std::mutex join_mu_;
   std::thread worker_;
 };
 
