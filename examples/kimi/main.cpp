@@ -1,4 +1,4 @@
-// specdec-kimi: the Kimi-K2.5 reference binary (loading part).
+// specdec-kimi: the Kimi-K2.5 reference binary.
 //
 //   specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S] [--int4] [--shards N]
 //                            [--num-layers L] [--repeat-period P]
@@ -61,6 +61,21 @@
 //       --device cpu: N threads over the CPU communicator. --device cuda: GPUs 0..N-1 over NCCL
 //       in this process, or N / nnodes GPUs per process with --nnodes, --node-rank and
 //       --dist-init-addr (node 0's HOST:PORT, where it hands out the NCCL id). Rank 0 prints.
+//   specdec-kimi serve --model-path DIR [--tokenizer DIR] [--device cpu|cuda] [--page-size P]
+//                      [--speculative-* as generate] [--no-self-check]
+//                      [--host 127.0.0.1] [--port 30000] [--api-key KEY]
+//                      [--served-model-name NAME] [--max-running-requests 16]
+//                      [--max-total-tokens 65536] [--context-length L]
+//                      [--chunked-prefill-size 512] [--max-queued-requests 4096]
+//                      [--decode-log-interval 40] [--default-max-tokens 128]
+//       the OpenAI / SGLang HTTP server (server.hpp: endpoints, errors, signals) over
+//       engine/scheduler.hpp's continuous batching of SpecEngine<P, Exec> (the same policy
+//       dispatch, self-check and configuration line as generate). The KV pool is
+//       --max-total-tokens target tokens; a request holds prompt + max_tokens + the tree's
+//       positions, reserved when it is admitted (a full pool queues requests). --context-length
+//       (default: the model's max_position_embeddings less the tree's positions, within the pool)
+//       bounds prompt + max_tokens; larger is an error. --port 0 takes a free port (the log line
+//       names it). One rank only (--tp-size 1). Needs cpp-httplib and PCRE2 at build time.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
@@ -164,6 +179,12 @@ void usage(std::FILE* out) {
                "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
+               "       specdec-kimi serve --model-path DIR [generate's model, device and\n"
+               "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
+               "                          [--served-model-name NAME] [--max-running-requests N]\n"
+               "                          [--max-total-tokens T] [--context-length L]\n"
+               "                          [--chunked-prefill-size C] [--max-queued-requests Q]\n"
+               "                          [--decode-log-interval I] [--default-max-tokens M]\n"
                "       specdec-kimi dequantize --model-path DIR --out DIR2\n"
                "init-random also writes a byte-level tokenizer (tiktoken.model and\n"
                "tokenizer_config.json) into --out; a random checkpoint's eos is its config.json's\n"

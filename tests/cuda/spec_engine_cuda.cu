@@ -9,6 +9,8 @@
 //     the bf16 GEMMs round differently and a routing or argmax choice within that rounding may flip
 //     (as in cuda.kimi_forward_cuda: the fp32 CPU executor's top-2 logit gap at the parting step
 //     must be within 2e-2 of its largest |logit|);
+//   * a SpecEngine::Session that admits the requests one per step, prefilled in chunks, gives
+//     each request its output alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
 //   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
@@ -155,6 +157,58 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
   check_lossless<E3<TreeShape<8, 3, 64>>>(requests, want);
   check_lossless<EG<Chain<3>>>(requests, want);
   check_lossless<EG<TreeShape<4, 3, 16>>>(requests, want);
+}
+
+// Requests admitted one per step into a SpecEngine::Session of `max_running` slots, prefilled
+// `chunk` tokens per step: each keeps the output it has alone (up to near-ties), so the CUDA
+// draft's per-slot rows follow requests that join and leave between steps.
+template <class P>
+void check_staggered_session(int64_t chunk, int max_running) {
+  CAPTURE(describe<P>());
+  CAPTURE(chunk);
+  auto const requests = mixed_requests();
+  CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
+  SpecEngine<P, CudaExecutor> e;
+  Status s = SpecEngine<P, CudaExecutor>::create(
+      &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  std::vector<GenerationResult> want;
+  for (GenerationRequest const& r : requests) {
+    std::vector<GenerationResult> one;
+    s = e.generate({&r, 1}, &one, nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    want.push_back(one[0]);
+  }
+  typename SpecEngine<P, CudaExecutor>::Session session(e);
+  REQUIRE(session.open(engine::SessionOptions{max_running, 24, 64, chunk}).ok());
+  std::map<int64_t, std::vector<int32_t>> got;
+  std::vector<engine::StepEvent> events;
+  size_t next = 0;
+  for (int steps = 0; next < requests.size() || !session.idle(); ++steps) {
+    REQUIRE(steps < 1000);
+    if (next < requests.size() && session.fits_now(requests[next])) {
+      REQUIRE(session.admit(static_cast<int64_t>(next), requests[next], 0).ok());
+      ++next;
+    }
+    s = session.step(&events);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    for (engine::StepEvent const& ev : events) {
+      got[ev.id].insert(got[ev.id].end(), ev.tokens.begin(), ev.tokens.end());
+    }
+  }
+  CHECK(session.free_pages() == 24);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    check_same_or_near_tie(requests[r].prompt, want[r].output_ids, got[static_cast<int64_t>(r)]);
+  }
+}
+
+TEST_CASE("engine (cuda): requests joining and leaving a session keep their output") {
+  check_staggered_session<Plain>(/*chunk=*/3, /*max_running=*/3);
+  check_staggered_session<NG<Chain<4>>>(3, 2);
+  check_staggered_session<E3<Chain<3>>>(3, 3);
+  check_staggered_session<E3<TreeShape<4, 3, 16>>>(5, 2);
+  check_staggered_session<EG<Chain<3>>>(64, 3);
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {

@@ -308,15 +308,36 @@ class Scheduler final : public ServingBackend {
         update_gauges();
         continue;
       }
-      // 4. Tokens and finished requests.
+      // 4. The step's counters first (a client that reads /metrics after its last token sees
+      // them), then tokens and finished requests.
       bool decoded = false;
       int64_t new_tokens = 0;
+      for (StepEvent const& ev : events) {
+        decoded = decoded || ev.verified;
+        if (running_.count(static_cast<uint64_t>(ev.id))) {
+          new_tokens += static_cast<int64_t>(ev.tokens.size());
+        }
+      }
+      SpecMetrics const& after = session_.totals();
+      {
+        std::lock_guard lock(mu_);
+        ++stats_.steps;
+        stats_.generation_tokens += new_tokens;
+        stats_.spec = after;
+        if (decoded) {
+          stats_.step_draft_s.observe(after.draft_s + after.build_s - before.draft_s -
+                                      before.build_s);
+          stats_.step_verify_s.observe(after.verify_s - before.verify_s);
+          stats_.step_commit_s.observe(after.commit_s + after.extend_s - before.commit_s -
+                                       before.extend_s);
+        }
+      }
+      update_gauges();
       for (StepEvent& ev : events) {
         uint64_t const id = static_cast<uint64_t>(ev.id);
         auto it = running_.find(id);
         if (it == running_.end()) continue;  // stopped earlier in this step
         Running& r = it->second;
-        decoded = decoded || ev.verified;
         if (!ev.tokens.empty()) {
           if (!r.has_first) {
             r.has_first = true;
@@ -325,7 +346,6 @@ class Scheduler final : public ServingBackend {
             stats_.time_to_first_token_s.observe(seconds(r.submitted, r.first_token));
           }
           r.output_tokens += static_cast<int64_t>(ev.tokens.size());
-          new_tokens += static_cast<int64_t>(ev.tokens.size());
           if (ev.verified) {
             std::lock_guard lock(mu_);
             stats_.accept_length.observe(static_cast<double>(ev.tokens.size()));
@@ -346,20 +366,6 @@ class Scheduler final : public ServingBackend {
           Running done = std::move(r);
           running_.erase(it);
           close(id, done, ev.reason, std::move(ev.metrics));
-        }
-      }
-      SpecMetrics const& after = session_.totals();
-      {
-        std::lock_guard lock(mu_);
-        ++stats_.steps;
-        stats_.generation_tokens += new_tokens;
-        stats_.spec = after;
-        if (decoded) {
-          stats_.step_draft_s.observe(after.draft_s + after.build_s - before.draft_s -
-                                      before.build_s);
-          stats_.step_verify_s.observe(after.verify_s - before.verify_s);
-          stats_.step_commit_s.observe(after.commit_s + after.extend_s - before.commit_s -
-                                       before.extend_s);
         }
       }
       update_gauges();

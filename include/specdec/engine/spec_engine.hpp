@@ -6,13 +6,20 @@
 //                                      options, &engine);
 //   engine.generate(requests [R], &results [R], &total);
 //
-// Requests may differ in prompt length, max_new_tokens and sampling settings; they run as one
-// batch until each stops (an eos id of the target's config when stop_at_eos, or max_new_tokens).
+//   SpecEngine<P, CpuExecutor>::Session session(engine);   // continuous batching (below)
+//   session.open(options); session.admit(id, request, stream); session.step(&events); ...
+//
+// Requests may differ in prompt length, max_new_tokens and sampling settings; each runs until it
+// stops (an eos id of the target's config when stop_at_eos, one of its stop_ids, or
+// max_new_tokens). generate() is one Session that admits every request at once and steps until
+// all are done; a Session (engine/scheduler.hpp drives one for the server) admits and cancels
+// requests between steps and prefills prompts in chunks (see Session below).
 // One run, DESIGN.md "One speculative step":
-//   prefill  target prefill of every prompt (the draft's feature streams captured: EAGLE3 the
-//            layer set P::Layers, EAGLE the last layer's output), the first token drawn
-//            (ops::sample, step 0), then the draft consumes the prompt: draft entry i pairs
-//            token i + 1 with the target's features of token i
+//   prefill  target prefill of the prompts, in chunks of up to max_prefill_tokens per step (the
+//            draft's feature streams captured: EAGLE3 the layer set P::Layers, EAGLE the last
+//            layer's output); after a prompt's last chunk its first token is drawn (ops::sample,
+//            step 0); the draft consumes each chunk: draft entry i pairs token i + 1 with the
+//            target's features of token i
 //   per step, for the requests still running (B of them; N slots each: P::kNodes, or fewer when
 //   every n-gram proposal of the step is smaller, N = the largest):
 //     propose  EAGLE3 / EAGLE: the draft's logits of the last extend give step 0; each later
