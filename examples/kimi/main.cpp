@@ -75,7 +75,9 @@
 //       positions, reserved when it is admitted (a full pool queues requests). --context-length
 //       (default: the model's max_position_embeddings less the tree's positions, within the pool)
 //       bounds prompt + max_tokens; larger is an error. --port 0 takes a free port (the log line
-//       names it). One rank only (--tp-size 1). Needs cpp-httplib and PCRE2 at build time.
+//       names it). --tp-size N shards the target as generate does, its ranks in this process
+//       (engine/lockstep.hpp: rank 0 schedules, the others replay its steps); --nnodes is
+//       generate's only. Needs cpp-httplib and PCRE2 at build time.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)
@@ -941,27 +943,46 @@ struct ServeFlags {
 };
 
 #if defined(SPECDEC_HAVE_SERVER)
-// SpecEngine<P, Exec> behind a Scheduler, served over HTTP until a signal stops it.
+// The session every rank opens: the flags' batch, pool, context and prefill chunk.
+specdec::engine::SessionOptions session_options(GenerateFlags const& g, ServeFlags const& sf) {
+  specdec::engine::SessionOptions o;
+  o.max_running = sf.max_running;
+  o.num_pages = static_cast<int>(specdec::ceil_div<int64_t>(sf.max_total_tokens, g.o.page_size));
+  o.max_request_tokens = sf.context_length;
+  o.max_prefill_tokens = sf.chunked_prefill_size;
+  return o;
+}
+
+// One rank of the server: SpecEngine<P, Exec> over its shard. Rank 0 runs the Scheduler (its
+// session's admits, cancels and steps replayed on the others through `lockstep` when there are
+// several ranks) behind the HTTP server until a signal stops it; every other rank follows.
 template <class P, class Exec>
-Status run_serve(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint const& m,
-                 typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                 specdec::io::Tokenizer const& tokenizer) {
+Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint const& m,
+                  typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                  specdec::io::Tokenizer const& tokenizer, int rank,
+                  specdec::engine::LockstepChannel* lockstep) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   std::remove_const_t<typename Engine::DraftModel> draft;
   Engine engine;
-  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, /*leader=*/true, &draft, &engine)));
-  specdec::engine::SchedulerOptions so;
-  so.session.max_running = sf.max_running;
-  so.session.num_pages = static_cast<int>(specdec::ceil_div<int64_t>(sf.max_total_tokens, g.o.page_size));
-  so.session.max_request_tokens = sf.context_length;
-  so.session.max_prefill_tokens = sf.chunked_prefill_size;
-  so.max_queued = sf.max_queued;
-  so.decode_log_interval = sf.decode_log_interval;
+  bool const leader = rank == 0;
+  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, leader, &draft, &engine)));
+  specdec::engine::SessionOptions const so = session_options(g, sf);
+  if (!leader) {
+    typename Engine::Session session(engine);
+    SPECDEC_RETURN_IF_ERROR(session.open(so));
+    specdec::engine::follow_lockstep(*lockstep, rank, &session);
+    return Status::Ok();
+  }
+  specdec::engine::SchedulerOptions o;
+  o.session = so;
+  o.max_queued = sf.max_queued;
+  o.decode_log_interval = sf.decode_log_interval;
   specdec::engine::ServingInfo info;
   info.model_name = sf.served_model_name;
   info.model_path = g.path;
-  info.speculative_config =
-      specdec::describe<P>() + (g.draft_path.empty() ? "" : " draft=" + g.draft_path);
+  info.speculative_config = specdec::describe<P>() +
+                            (g.draft_path.empty() ? "" : " draft=" + g.draft_path) +
+                            " tp=" + std::to_string(g.tp_size);
   info.speculative_algorithm = g.spec.algorithm;
   info.speculative_num_steps = P::kSteps;
   info.speculative_eagle_topk = P::kTopK;
@@ -971,14 +992,17 @@ Status run_serve(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint 
   info.vocab_size = m.config.vocab_size;
   for (int64_t id : m.config.eos_token_ids) info.eos_ids.push_back(static_cast<int32_t>(id));
   std::unique_ptr<specdec::engine::Scheduler<Engine>> scheduler;
-  SPECDEC_RETURN_IF_ERROR(specdec::engine::Scheduler<Engine>::create(&engine, so, info, &scheduler));
+  SPECDEC_RETURN_IF_ERROR(specdec::engine::Scheduler<Engine>::create(
+      &engine, o, info, &scheduler, g.tp_size > 1 ? lockstep : nullptr));
   std::fprintf(stderr,
                "specdec-kimi: scheduler: max running %d, KV pool %lld tokens (%d pages of %d), "
-               "context %lld, chunked prefill %lld, queue %d\n",
-               sf.max_running, static_cast<long long>(sf.max_total_tokens), so.session.num_pages,
+               "context %lld, chunked prefill %lld, queue %d, tp %d\n",
+               sf.max_running, static_cast<long long>(sf.max_total_tokens), so.num_pages,
                g.o.page_size, static_cast<long long>(sf.context_length),
-               static_cast<long long>(sf.chunked_prefill_size), sf.max_queued);
-  return specdec::kimi_server::run_server(sf.server, *scheduler, tokenizer);
+               static_cast<long long>(sf.chunked_prefill_size), sf.max_queued, g.tp_size);
+  Status const s = specdec::kimi_server::run_server(sf.server, *scheduler, tokenizer);
+  scheduler->shutdown(/*cancel_running=*/true);  // before the followers stop
+  return s;
 }
 #endif
 
@@ -1019,10 +1043,10 @@ int serve(int argc, char** argv) {
       "(apt: libcpp-httplib-dev) and PCRE2 for the tokenizer (apt: libpcre2-dev); "
       "scripts/setup.sh installs both, then rebuild"));
 #else
-  if (g.tp_size != 1) {
+  if (g.nnodes != 1) {
     return finish(Status::Unsupported(
-        "serve runs one rank: --tp-size " + std::to_string(g.tp_size) +
-        " is for generate (tensor-parallel serving is not built yet)"));
+        "serve runs its tensor-parallel ranks in one process: --nnodes " +
+        std::to_string(g.nnodes) + " is for generate (use --tp-size N over this host's GPUs)"));
   }
   Status s = check_device(g);
   if (!s.ok()) return finish(s);
@@ -1069,23 +1093,58 @@ int serve(int argc, char** argv) {
   LoadedCheckpoint m;
   s = load_checkpoint(g.path, &m);
   if (!s.ok()) return finish(s);
-  specdec::dist::TpShard shard;  // the whole model
-  if (g.device == "cpu") {
-    specdec::model::kimi::KimiCpuModel target;
-    s = specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, shard, nullptr, &target);
-    if (s.ok()) {
-      s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-        return run_serve<P, specdec::CpuExecutor>(g, sf, m, &target, tokenizer);
-      });
+  // Each rank: its shard of the target (all of it at --tp-size 1), then serve_rank; rank 0 stops
+  // the followers however it ends.
+  specdec::dist::TpShard shard;
+  shard.size = g.tp_size;
+  shard.moe = g.moe_split;
+  shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
+  specdec::engine::LockstepChannel lockstep(g.tp_size);
+  struct StopFollowers {
+    specdec::engine::LockstepChannel& channel;
+    bool leader;
+    ~StopFollowers() {
+      if (leader) channel.stop();
     }
+  };
+  auto cpu_rank = [&](int rank, specdec::dist::CpuCommunicator* comm) -> Status {
+    StopFollowers const stop{lockstep, rank == 0};
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
+    specdec::model::kimi::KimiCpuModel target;
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, mine, comm, &target));
+    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return serve_rank<P, specdec::CpuExecutor>(g, sf, m, &target, tokenizer, rank, &lockstep);
+    });
+  };
+  if (g.device == "cpu" && g.tp_size == 1) s = cpu_rank(0, nullptr);
+  if (g.device == "cpu" && g.tp_size > 1) {
+    // (An idle server's ranks wait in the lockstep channel, not in a collective, so the
+    // collectives' timeout holds.)
+    s = specdec::dist::run_ranks(g.tp_size, [&](int rank, specdec::dist::CpuCommunicator& c) {
+      return cpu_rank(rank, &c);
+    });
   }
 #if defined(__CUDACC__)
-  if (g.device == "cuda") {
+  auto cuda_rank = [&](int rank, specdec::dist::NcclCommunicator* comm) -> Status {
+    StopFollowers const stop{lockstep, rank == 0};
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
     specdec::model::kimi::KimiCudaModel target;
-    s = specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, shard, nullptr, &target);
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
+    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
+      return serve_rank<P, specdec::CudaExecutor>(g, sf, m, &target, tokenizer, rank, &lockstep);
+    });
+  };
+  if (g.device == "cuda" && g.tp_size == 1) s = cuda_rank(0, nullptr);
+  if (g.device == "cuda" && g.tp_size > 1) {
+    std::vector<specdec::dist::NcclCommunicator> comms;
+    s = nccl_communicators(g, &comms);
     if (s.ok()) {
-      s = specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-        return run_serve<P, specdec::CudaExecutor>(g, sf, m, &target, tokenizer);
+      s = specdec::dist::run_nccl_ranks(comms, [&](int rank, specdec::dist::NcclCommunicator& c) {
+        return cuda_rank(rank, &c);
       });
     }
   }

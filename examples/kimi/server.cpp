@@ -74,7 +74,7 @@ ApiError submit_error(Status const& s) {
 }
 
 // One request's tokens and text as the scheduler delivers them (shared by the HTTP handler and
-// the scheduler's callbacks).
+// the scheduler's callbacks, which hold it: events_of).
 struct Flow {
   explicit Flow(io::Tokenizer const& tokenizer, std::vector<std::string> stops)
       : decoder(tokenizer, /*skip_special=*/true), matcher(std::move(stops)) {}
@@ -87,40 +87,45 @@ struct Flow {
   std::string text;       // all text so far (stop strings cut)
   size_t sent = 0;        // bytes of text streamed
   bool stopped = false;   // a stop string matched
-  std::string matched;    // which one
   bool done = false;
   engine::RequestOutcome outcome;
   Status decode_error;
 
-  engine::RequestEvents events() {
-    engine::RequestEvents ev;
-    ev.on_tokens = [this](std::span<int32_t const> tokens) {
-      std::lock_guard lock(mu);
-      for (int32_t id : tokens) {
-        output_ids.push_back(id);
-        std::string piece;
-        if (Status s = decoder.feed(id, &piece); !s.ok() && decode_error.ok()) decode_error = s;
-        text += matcher.feed(piece, &stopped);
-        if (stopped) break;
-      }
-      cv.notify_all();
-      return !stopped;
-    };
-    ev.on_finish = [this](engine::RequestOutcome const& o) {
-      std::lock_guard lock(mu);
-      if (!stopped) {
-        std::string tail;
-        decoder.flush(&tail);
-        text += matcher.feed(tail, &stopped);
-        if (!stopped) text += matcher.flush();
-      }
-      outcome = o;
-      done = true;
-      cv.notify_all();
-    };
-    return ev;
+  // New tokens; false once a stop string matched (the request stops there).
+  bool take(std::span<int32_t const> tokens) {
+    std::lock_guard lock(mu);
+    for (int32_t id : tokens) {
+      output_ids.push_back(id);
+      std::string piece;
+      if (Status s = decoder.feed(id, &piece); !s.ok() && decode_error.ok()) decode_error = s;
+      text += matcher.feed(piece, &stopped);
+      if (stopped) break;
+    }
+    cv.notify_all();
+    return !stopped;
+  }
+
+  void finish(engine::RequestOutcome const& o) {
+    std::lock_guard lock(mu);
+    if (!stopped) {
+      std::string tail;
+      decoder.flush(&tail);
+      text += matcher.feed(tail, &stopped);
+      if (!stopped) text += matcher.flush();
+    }
+    outcome = o;
+    done = true;
+    cv.notify_all();
   }
 };
+
+// The scheduler's callbacks for `flow`; they hold it, so it outlives a client that went away.
+engine::RequestEvents events_of(std::shared_ptr<Flow> const& flow) {
+  engine::RequestEvents ev;
+  ev.on_tokens = [flow](std::span<int32_t const> tokens) { return flow->take(tokens); };
+  ev.on_finish = [flow](engine::RequestOutcome const& o) { flow->finish(o); };
+  return ev;
+}
 
 char const* finish_reason(engine::RequestOutcome const& o) {
   return engine::openai_finish_reason(o.reason);
@@ -194,6 +199,19 @@ class Server {
       res.set_content(serve::dump_json(serve::models_response(info.model_name, created_,
                                                               "specdec", info.context_length)),
                       "application/json");
+    });
+    svr_.Get(R"(/v1/models/(.+))", [this](httplib::Request const& req, httplib::Response& res) {
+      engine::ServingInfo const& info = backend_.info();
+      if (req.matches[1] != info.model_name) {
+        return send_error(res, api_error(404, "invalid_request_error",
+                                         "the model '" + std::string(req.matches[1]) +
+                                             "' does not exist: this server serves '" +
+                                             info.model_name + "'",
+                                         "model_not_found"));
+      }
+      json const list =
+          serve::models_response(info.model_name, created_, "specdec", info.context_length);
+      res.set_content(serve::dump_json(list["data"][0]), "application/json");
     });
     svr_.Get("/get_server_info", [this](httplib::Request const&, httplib::Response& res) {
       res.set_content(serve::dump_json(server_info()), "application/json");
@@ -286,11 +304,11 @@ class Server {
             {"page_size", s.page_size},
             {"eos_token_ids", i.eos_ids},
             {"cuda_graph", s.cuda_graph},
-            {"internal_states",
-             json::array({{"avg_spec_accept_length", s.spec.accept_length()},
-                          {"spec_accept_rate", s.spec.accept_rate()},
-                          {"num_running_reqs", s.running},
-                          {"num_queue_reqs", s.queued}})},
+            {"internal_states", json::array({json::object({
+                                    {"avg_spec_accept_length", s.spec.accept_length()},
+                                    {"spec_accept_rate", s.spec.accept_rate()},
+                                    {"num_running_reqs", s.running},
+                                    {"num_queue_reqs", s.queued}})})},
             {"version", "specdec"}};
   }
 
@@ -369,7 +387,7 @@ class Server {
     to_request(p, endpoint, &r);
     auto flow = std::make_shared<Flow>(tok_, p.sampling.stop);
     uint64_t id = 0;
-    Status const s = backend_.submit(r, flow->events(), &id);
+    Status const s = backend_.submit(r, events_of(flow), &id);
     if (!s.ok()) return send_error(res, submit_error(s));
     std::string const prefix = endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
     std::string const rid = p.rid.value_or(prefix + random_hex(24));

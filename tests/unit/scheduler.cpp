@@ -8,7 +8,9 @@
 //                        output equal to the same request alone; a stop (on_tokens false) and a
 //                        cancel free the request's pages; a full cache queues (never fails); a
 //                        full queue and a request larger than the cache are refused; shutdown
-//                        cancels what is queued and the gauges return to idle
+//                        cancels what is queued and the gauges return to idle; tensor parallel
+//                        over two CPU ranks in lockstep (engine/lockstep.hpp) gives every
+//                        request its one-rank output
 #include "specdec/engine/scheduler.hpp"
 
 #include <doctest/doctest.h>
@@ -27,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/dist/communicator.hpp"
+#include "specdec/dist/shard.hpp"
 #include "support/engine_cases.hpp"
 #include "support/status_checks.hpp"
 #include "support/testing.hpp"
@@ -405,6 +409,64 @@ TEST_CASE("scheduler: shutdown cancels the queue, finishes or cancels the runnin
     engine::ServingStats const st = s->stats();
     CHECK(st.running == 0);
     CHECK(st.kv_pages_used == 0);
+  }
+}
+
+TEST_CASE("scheduler: two tensor-parallel ranks in lockstep give the one-rank outputs") {
+  using P = E3<Chain<3>>;
+  namespace eagle = specdec::model::eagle;
+  auto const requests = workload();
+  auto const want = alone<P>(requests);
+  auto const& m = models();
+  testing::TempDir tmp;
+  std::span<int const> const layers =
+      testing::write_tiny_draft(tmp.path / "draft", m.tiny.config, DraftKind::kEagle3);
+  std::vector<Client> clients(requests.size());
+  engine::LockstepChannel channel(2);
+  SessionOptions const so{3, 30, 64, 8};
+  Status const st = dist::run_ranks(2, [&](int rank, dist::CpuCommunicator& comm) -> Status {
+    struct StopFollowers {
+      engine::LockstepChannel& ch;
+      int rank;
+      ~StopFollowers() {
+        if (rank == 0) ch.stop();
+      }
+    } stop_followers{channel, rank};
+    model::kimi::KimiCpuModel target;
+    SPECDEC_RETURN_IF_ERROR(model::kimi::load_kimi_cpu_model(
+        m.tiny.weights, m.tiny.config, dist::TpShard{rank, 2}, &comm, &target));
+    eagle::DraftCpuModel draft;
+    SPECDEC_RETURN_IF_ERROR(eagle::load_draft_cpu_model(
+        (tmp.path / "draft").string(), target.config, eagle::target_tensors_of(target),
+        DraftKind::kEagle3, layers, "the test policy", &draft));
+    SpecEngine<P, CpuExecutor> e;
+    SPECDEC_RETURN_IF_ERROR((SpecEngine<P, CpuExecutor>::create(&target, &draft, {}, &e)));
+    if (rank != 0) {
+      typename SpecEngine<P, CpuExecutor>::Session session(e);
+      SPECDEC_RETURN_IF_ERROR(session.open(so));
+      engine::follow_lockstep(channel, rank, &session);
+      return Status::Ok();
+    }
+    engine::SchedulerOptions o;
+    o.session = so;
+    o.decode_log_interval = 0;
+    std::unique_ptr<Scheduler<SpecEngine<P, CpuExecutor>>> s;
+    SPECDEC_RETURN_IF_ERROR(
+        (Scheduler<SpecEngine<P, CpuExecutor>>::create(&e, o, {}, &s, &channel)));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SPECDEC_RETURN_IF_ERROR(s->submit(requests[i], clients[i].events(), nullptr));
+    }
+    for (Client& c : clients) {
+      if (!c.wait()) return Status::Internal("a request did not finish");
+    }
+    s->shutdown(/*cancel_running=*/false);
+    return Status::Ok();
+  });
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CAPTURE(i);
+    CHECK(clients[i].tokens == want[i].output_ids);
+    CHECK(clients[i].outcome.reason == want[i].finish_reason);
   }
 }
 

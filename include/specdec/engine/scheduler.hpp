@@ -20,6 +20,8 @@
 //      called on the worker thread, outside the scheduler's lock: they may call cancel());
 //      counters, gauges and histograms update; every decode_log_interval speculative steps one
 //      line in SGLang's format (serve/metrics_text.hpp) goes to options.log
+// Tensor parallel (one process): every rank's session sees the same admits, cancels and steps
+// through a LockstepChannel (engine/lockstep.hpp); this scheduler runs on rank 0.
 // A request too large for the session (max_request_tokens) or invalid is refused at submit with
 // the Session's message; a full queue (max_queued) is refused too. A failing engine step ends
 // every running request with FinishReason::kError and the Status's message (logged), and the
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "specdec/core/status.hpp"
+#include "specdec/engine/lockstep.hpp"
 #include "specdec/engine/serving.hpp"
 #include "specdec/engine/spec_engine.hpp"
 #include "specdec/serve/metrics_text.hpp"
@@ -62,8 +65,10 @@ class Scheduler final : public ServingBackend {
   using Session = typename Engine::Session;
   using RequestId = model::kimi::RequestId;
 
+  // lockstep: null on one rank; under tensor parallel, the channel that replays this session's
+  // admits, cancels and steps on the other ranks (engine/lockstep.hpp).
   static Status create(Engine const* engine, SchedulerOptions options, ServingInfo info,
-                       std::unique_ptr<Scheduler>* out) {
+                       std::unique_ptr<Scheduler>* out, LockstepChannel* lockstep = nullptr) {
     std::string const fn = "Scheduler::create: ";
     if (engine == nullptr || out == nullptr) return Status::InvalidArgument(fn + "null argument");
     if (options.max_queued < 0 || options.decode_log_interval < 0) {
@@ -73,6 +78,7 @@ class Scheduler final : public ServingBackend {
                                      " must be >= 0");
     }
     std::unique_ptr<Scheduler> s(new Scheduler(*engine, std::move(options), std::move(info)));
+    s->lockstep_ = lockstep;
     SPECDEC_RETURN_IF_ERROR(s->session_.open(s->options_.session));
     s->stats_.queue_capacity = s->options_.max_queued;
     s->stats_.kv_pages_total = s->options_.session.num_pages;
@@ -227,10 +233,16 @@ class Scheduler final : public ServingBackend {
   void close_running(uint64_t id, FinishReason reason, std::string error = {}) {
     auto it = running_.find(id);
     if (it == running_.end()) return;
-    (void)session_.cancel(static_cast<RequestId>(id));
+    SpecMetrics metrics = session_.metrics(static_cast<RequestId>(id));
+    if (session_.cancel(static_cast<RequestId>(id)).ok() && lockstep_ != nullptr) {
+      LockstepCommand c;
+      c.kind = LockstepCommand::Kind::kCancel;
+      c.id = static_cast<RequestId>(id);
+      lockstep_->post(std::move(c));
+    }
     Running r = std::move(it->second);
     running_.erase(it);
-    close(id, r, reason, SpecMetrics{}, std::move(error));
+    close(id, r, reason, std::move(metrics), std::move(error));
   }
 
   void loop() {
@@ -270,6 +282,13 @@ class Scheduler final : public ServingBackend {
           queue_.pop_front();
           Status const s =
               session_.admit(static_cast<RequestId>(p.id), p.request, /*stream=*/0);
+          if (s.ok() && lockstep_ != nullptr) {
+            LockstepCommand c;
+            c.kind = LockstepCommand::Kind::kAdmit;
+            c.id = static_cast<RequestId>(p.id);
+            c.request = p.request;
+            lockstep_->post(std::move(c));
+          }
           if (!s.ok()) {
             // submit checked the request; a failure here is the engine's.
             log("specdec: admitting request " + std::to_string(p.id) + " failed: " +
@@ -298,7 +317,9 @@ class Scheduler final : public ServingBackend {
       }
       // 3. One step.
       SpecMetrics const before = session_.totals();
-      Status const s = session_.step(&events);
+      Status const s = lockstep_ == nullptr
+                           ? session_.step(&events)
+                           : lockstep_->step_all([&] { return session_.step(&events); });
       if (!s.ok()) {
         log("specdec: engine step failed: " + s.to_string() +
             "; ending every running request with an error");
@@ -387,7 +408,7 @@ class Scheduler final : public ServingBackend {
     int64_t const used = session_.num_pages() - session_.free_pages();
     int64_t const tokens = session_.cached_tokens();
     std::lock_guard lock(mu_);
-    stats_.running = static_cast<int64_t>(running_.size());
+    stats_.running = session_.running();
     stats_.kv_pages_used = used;
     stats_.kv_tokens = tokens;
   }
@@ -395,6 +416,7 @@ class Scheduler final : public ServingBackend {
   SchedulerOptions options_;
   ServingInfo info_;
   Session session_;  // the worker thread's alone (open and check excepted)
+  LockstepChannel* lockstep_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Pending> queue_;           // guarded by mu_

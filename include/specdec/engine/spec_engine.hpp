@@ -766,6 +766,12 @@ class SpecEngine {
       return Status::Ok();
     }
 
+    // A running request's metrics so far (empty for an unknown id).
+    SpecMetrics metrics(RequestId id) const {
+      auto it = slots_.find(id);
+      return it == slots_.end() ? SpecMetrics{} : it->second.metrics;
+    }
+
     Status cancel(RequestId id) {
       if (!has_request(id)) {
         return Status::InvalidArgument("SpecEngine::Session::cancel: request " +
