@@ -789,6 +789,47 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   return true;
 }
 
+// Runs fn.template operator()<Exec>(rank, &target) on every tensor-parallel rank, target the
+// rank's shard of m (all of it at --tp-size 1) on --device's executor: CPU ranks are threads over
+// the CPU communicator, CUDA ranks GPUs over NCCL (nccl_communicators). The first failing rank's
+// error is returned.
+template <class Fn>
+Status for_each_rank(GenerateFlags const& g, LoadedCheckpoint const& m,
+                     specdec::dist::TpShard const& shard, Fn const& fn) {
+  auto cpu_rank = [&](int rank, specdec::dist::CpuCommunicator* comm) -> Status {
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
+    specdec::model::kimi::KimiCpuModel target;
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, mine, comm, &target));
+    return fn.template operator()<specdec::CpuExecutor>(rank, &target);
+  };
+  if (g.device == "cpu" && g.tp_size == 1) return cpu_rank(0, nullptr);
+  if (g.device == "cpu") {
+    return specdec::dist::run_ranks(g.tp_size, [&](int rank, specdec::dist::CpuCommunicator& c) {
+      return cpu_rank(rank, &c);
+    });
+  }
+#if defined(__CUDACC__)
+  auto cuda_rank = [&](int rank, specdec::dist::NcclCommunicator* comm) -> Status {
+    specdec::dist::TpShard mine = shard;
+    mine.rank = rank;
+    specdec::model::kimi::KimiCudaModel target;
+    SPECDEC_RETURN_IF_ERROR(
+        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
+    return fn.template operator()<specdec::CudaExecutor>(rank, &target);
+  };
+  if (g.tp_size == 1) return cuda_rank(0, nullptr);
+  std::vector<specdec::dist::NcclCommunicator> comms;
+  SPECDEC_RETURN_IF_ERROR(nccl_communicators(g, &comms));
+  return specdec::dist::run_nccl_ranks(comms, [&](int rank, specdec::dist::NcclCommunicator& c) {
+    return cuda_rank(rank, &c);
+  });
+#else
+  return Status::Unsupported("--device " + g.device + ": this specdec-kimi was built without CUDA");
+#endif
+}
+
 int generate(int argc, char** argv) {
   GenerateFlags g;
   bool have_max = false, have_input = false;
@@ -868,49 +909,16 @@ int generate(int argc, char** argv) {
   s = load_checkpoint(g.path, &m);
   if (!s.ok()) return finish(s);
   nlohmann::json j;
-  // One rank: its shard of the target (all of it at --tp-size 1), then the engine.
+  // Every rank: its shard of the target (all of it at --tp-size 1), then the engine.
   specdec::dist::TpShard shard;
   shard.size = g.tp_size;
   shard.moe = g.moe_split;
   shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
-  auto cpu_rank = [&](int rank, specdec::dist::CpuCommunicator* comm) -> Status {
-    specdec::dist::TpShard mine = shard;
-    mine.rank = rank;
-    specdec::model::kimi::KimiCpuModel target;
-    SPECDEC_RETURN_IF_ERROR(
-        specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, mine, comm, &target));
+  s = for_each_rank(g, m, shard, [&]<class Exec>(int rank, auto* target) -> Status {
     return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CpuExecutor>(g, m, &target, ids, rank == 0, &j);
+      return run_engine<P, Exec>(g, m, target, ids, rank == 0, &j);
     });
-  };
-  if (g.device == "cpu" && g.tp_size == 1) s = cpu_rank(0, nullptr);
-  if (g.device == "cpu" && g.tp_size > 1) {
-    s = specdec::dist::run_ranks(g.tp_size, [&](int rank, specdec::dist::CpuCommunicator& c) {
-      return cpu_rank(rank, &c);
-    });
-  }
-#if defined(__CUDACC__)
-  auto cuda_rank = [&](int rank, specdec::dist::NcclCommunicator* comm) -> Status {
-    specdec::dist::TpShard mine = shard;
-    mine.rank = rank;
-    specdec::model::kimi::KimiCudaModel target;
-    SPECDEC_RETURN_IF_ERROR(
-        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
-    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return run_engine<P, specdec::CudaExecutor>(g, m, &target, ids, rank == 0, &j);
-    });
-  };
-  if (g.device == "cuda" && g.tp_size == 1) s = cuda_rank(0, nullptr);
-  if (g.device == "cuda" && g.tp_size > 1) {
-    std::vector<specdec::dist::NcclCommunicator> comms;
-    s = nccl_communicators(g, &comms);
-    if (s.ok()) {
-      s = specdec::dist::run_nccl_ranks(comms, [&](int rank, specdec::dist::NcclCommunicator& c) {
-        return cuda_rank(rank, &c);
-      });
-    }
-  }
-#endif
+  });
   if (!s.ok()) return finish(s);
   if (j.is_null()) return 0;  // a process of --nnodes > 1 without global rank 0
 #if defined(SPECDEC_HAVE_PCRE2)
@@ -1093,7 +1101,7 @@ int serve(int argc, char** argv) {
   LoadedCheckpoint m;
   s = load_checkpoint(g.path, &m);
   if (!s.ok()) return finish(s);
-  // Each rank: its shard of the target (all of it at --tp-size 1), then serve_rank; rank 0 stops
+  // Every rank: its shard of the target (all of it at --tp-size 1), then serve_rank; rank 0 stops
   // the followers however it ends.
   specdec::dist::TpShard shard;
   shard.size = g.tp_size;
@@ -1107,48 +1115,14 @@ int serve(int argc, char** argv) {
       if (leader) channel.stop();
     }
   };
-  auto cpu_rank = [&](int rank, specdec::dist::CpuCommunicator* comm) -> Status {
+  // (An idle server's ranks wait in the lockstep channel, not in a collective, so the
+  // collectives' timeout holds.)
+  s = for_each_rank(g, m, shard, [&]<class Exec>(int rank, auto* target) -> Status {
     StopFollowers const stop{lockstep, rank == 0};
-    specdec::dist::TpShard mine = shard;
-    mine.rank = rank;
-    specdec::model::kimi::KimiCpuModel target;
-    SPECDEC_RETURN_IF_ERROR(
-        specdec::model::kimi::load_kimi_cpu_model(m.weights, m.config, mine, comm, &target));
     return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return serve_rank<P, specdec::CpuExecutor>(g, sf, m, &target, tokenizer, rank, &lockstep);
+      return serve_rank<P, Exec>(g, sf, m, target, tokenizer, rank, &lockstep);
     });
-  };
-  if (g.device == "cpu" && g.tp_size == 1) s = cpu_rank(0, nullptr);
-  if (g.device == "cpu" && g.tp_size > 1) {
-    // (An idle server's ranks wait in the lockstep channel, not in a collective, so the
-    // collectives' timeout holds.)
-    s = specdec::dist::run_ranks(g.tp_size, [&](int rank, specdec::dist::CpuCommunicator& c) {
-      return cpu_rank(rank, &c);
-    });
-  }
-#if defined(__CUDACC__)
-  auto cuda_rank = [&](int rank, specdec::dist::NcclCommunicator* comm) -> Status {
-    StopFollowers const stop{lockstep, rank == 0};
-    specdec::dist::TpShard mine = shard;
-    mine.rank = rank;
-    specdec::model::kimi::KimiCudaModel target;
-    SPECDEC_RETURN_IF_ERROR(
-        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
-    return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
-      return serve_rank<P, specdec::CudaExecutor>(g, sf, m, &target, tokenizer, rank, &lockstep);
-    });
-  };
-  if (g.device == "cuda" && g.tp_size == 1) s = cuda_rank(0, nullptr);
-  if (g.device == "cuda" && g.tp_size > 1) {
-    std::vector<specdec::dist::NcclCommunicator> comms;
-    s = nccl_communicators(g, &comms);
-    if (s.ok()) {
-      s = specdec::dist::run_nccl_ranks(comms, [&](int rank, specdec::dist::NcclCommunicator& c) {
-        return cuda_rank(rank, &c);
-      });
-    }
-  }
-#endif
+  });
   return finish(s);
 #endif
 }
