@@ -985,6 +985,13 @@ Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint
   o.session = so;
   o.max_queued = sf.max_queued;
   o.decode_log_interval = sf.decode_log_interval;
+#if defined(__CUDACC__)
+  if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
+    int device = 0;  // the scheduler's thread runs the engine on this rank's GPU
+    SPECDEC_CUDA_TRY(cudaGetDevice(&device));
+    o.on_worker_start = [device] { cudaSetDevice(device); };
+  }
+#endif
   specdec::engine::ServingInfo info;
   info.model_name = sf.served_model_name;
   info.model_path = g.path;

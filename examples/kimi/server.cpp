@@ -372,6 +372,12 @@ class Server {
     }
     engine::GenerationRequest r;
     if ((err = prompt_ids(p, &r.prompt))) return send_error(res, *err);
+    // A default max_tokens is cut to the context the prompt leaves (as vLLM and SGLang do); one
+    // the request gave is never cut: past the context it is an error.
+    int64_t const room = info.context_length - static_cast<int64_t>(r.prompt.size());
+    if (!p.sampling.max_tokens_given && room >= 1 && p.sampling.max_tokens > room) {
+      p.sampling.max_tokens = static_cast<int>(room);
+    }
     int64_t const total = static_cast<int64_t>(r.prompt.size()) + p.sampling.max_tokens;
     if (total > info.context_length) {
       ApiError e = api_error(

@@ -17,7 +17,7 @@
 // freed). Chat prompts use Kimi's chat template and stop at the tokenizer's <|im_end|> / [EOS]
 // as well as at the model's eos.
 // Errors are OpenAI error objects: 400 for a bad request (malformed JSON, a missing or
-// wrong-typed field, invalid sampling values, a prompt + max_tokens past the context, an id
+// wrong-typed field, invalid sampling values, a prompt + a given max_tokens past the context, an id
 // outside the vocabulary), 401 without the --api-key bearer token (every endpoint but /health),
 // 404 for an unknown model name or path, 503 when the queue is full or the server is stopping,
 // 500 for an engine failure; the server keeps serving after each.
@@ -41,7 +41,8 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 30000;               // 0: any free port (the log line names it)
   std::string api_key;            // empty: no authentication
-  int default_max_tokens = 128;   // max_tokens when a request gives none
+  int default_max_tokens = 128;   // max_tokens when a request gives none (cut to the context
+                                  // its prompt leaves)
   int http_threads = 256;         // connections served at once
 };
 

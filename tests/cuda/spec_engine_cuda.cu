@@ -11,6 +11,8 @@
 //     must be within 2e-2 of its largest |logit|);
 //   * a SpecEngine::Session that admits the requests one per step, prefilled in chunks, gives
 //     each request its output alone (up to the same near-ties);
+//   * the Scheduler (continuous batching on its own thread) gives nine concurrent clients their
+//     outputs alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
 //   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
@@ -25,13 +27,18 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/engine/scheduler.hpp"
 #include "specdec/engine/spec_engine.hpp"
 #include "specdec/model/eagle/forward_cuda.cuh"
 #include "specdec/model/eagle/random_checkpoint.hpp"
@@ -209,6 +216,65 @@ TEST_CASE("engine (cuda): requests joining and leaving a session keep their outp
   check_staggered_session<E3<Chain<3>>>(3, 3);
   check_staggered_session<E3<TreeShape<4, 3, 16>>>(5, 2);
   check_staggered_session<EG<Chain<3>>>(64, 3);
+}
+
+TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs alone") {
+  using P = E3<Chain<3>>;
+  SpecEngine<P, CudaExecutor> e;
+  Status s = SpecEngine<P, CudaExecutor>::create(&models().gpu, &models().draft, {}, &e);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  std::vector<GenerationRequest> requests;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (GenerationRequest const& r : mixed_requests()) requests.push_back(r);
+  }
+  std::vector<GenerationResult> want;
+  for (GenerationRequest const& r : requests) {
+    std::vector<GenerationResult> one;
+    s = e.generate({&r, 1}, &one, nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    want.push_back(one[0]);
+  }
+  engine::SchedulerOptions o;
+  o.session = engine::SessionOptions{3, 24, 64, 4};
+  o.decode_log_interval = 0;
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  o.on_worker_start = [device] { cudaSetDevice(device); };
+  std::unique_ptr<engine::Scheduler<SpecEngine<P, CudaExecutor>>> scheduler;
+  s = engine::Scheduler<SpecEngine<P, CudaExecutor>>::create(&e, o, {}, &scheduler);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  struct Client {
+    std::mutex mu;
+    std::vector<int32_t> tokens;
+    std::promise<engine::FinishReason> done;
+  };
+  std::vector<Client> clients(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] {
+      engine::RequestEvents ev;
+      ev.on_tokens = [&c = clients[i]](std::span<int32_t const> t) {
+        std::lock_guard lock(c.mu);
+        c.tokens.insert(c.tokens.end(), t.begin(), t.end());
+        return true;
+      };
+      ev.on_finish = [&c = clients[i]](engine::RequestOutcome const& out) {
+        c.done.set_value(out.reason);
+      };
+      CHECK(scheduler->submit(requests[i], std::move(ev), nullptr).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    CAPTURE(i);
+    auto f = clients[i].done.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    CHECK(f.get() != engine::FinishReason::kError);
+    std::lock_guard lock(clients[i].mu);
+    check_same_or_near_tie(requests[i].prompt, want[i].output_ids, clients[i].tokens);
+  }
+  scheduler->shutdown(/*cancel_running=*/false);
+  CHECK(scheduler->stats().kv_pages_used == 0);
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {

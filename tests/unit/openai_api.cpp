@@ -165,6 +165,34 @@ TEST_CASE("parse_completions: defaults") {
   CHECK_FALSE(n.sampling.seed.has_value());
 }
 
+TEST_CASE("max_tokens_given: whether the request set max_tokens (the server cuts only defaults)") {
+  auto given = [](auto parse, std::string const& body) {
+    ParsedRequest r;
+    std::optional<ApiError> const e = parse(body, &r);
+    REQUIRE_FALSE(e.has_value());
+    return r.sampling.max_tokens_given;
+  };
+  auto completions = [](std::string_view b, ParsedRequest* r) {
+    return specdec::serve::parse_completions(b, 64, r);
+  };
+  auto chat = [](std::string_view b, ParsedRequest* r) {
+    return specdec::serve::parse_chat_completions(b, 64, r);
+  };
+  auto generate = [](std::string_view b, ParsedRequest* r) {
+    return specdec::serve::parse_generate(b, r);
+  };
+  std::string const msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  CHECK_FALSE(given(completions, R"({"prompt": "x"})"));
+  CHECK_FALSE(given(completions, R"({"prompt": "x", "max_tokens": null})"));
+  CHECK(given(completions, R"({"prompt": "x", "max_tokens": 64})"));
+  CHECK_FALSE(given(chat, "{" + msgs + "}"));
+  CHECK(given(chat, "{" + msgs + R"(, "max_tokens": 3})"));
+  CHECK(given(chat, "{" + msgs + R"(, "max_completion_tokens": 3})"));
+  CHECK_FALSE(given(generate, R"({"text": "x"})"));
+  CHECK_FALSE(given(generate, R"({"text": "x", "sampling_params": {"temperature": 0}})"));
+  CHECK(given(generate, R"({"text": "x", "sampling_params": {"max_new_tokens": 128}})"));
+}
+
 TEST_CASE("parse_completions: the prompt forms") {
   ParsedRequest r = accept(Endpoint::kCompletions, R"({"prompt": [1, 2, 2147483647, 0]})");
   REQUIRE(r.prompt_ids.has_value());

@@ -57,6 +57,7 @@ struct SchedulerOptions {
   int max_queued = 4096;            // waiting requests at most; submit past it is refused
   int decode_log_interval = 40;     // speculative steps between decode log lines; 0: none
   std::function<void(std::string const&)> log;  // the decode log and errors; null: stderr
+  std::function<void()> on_worker_start;  // first thing on the worker thread (e.g. bind its GPU)
 };
 
 template <class Engine>
@@ -246,6 +247,7 @@ class Scheduler final : public ServingBackend {
   }
 
   void loop() {
+    if (options_.on_worker_start) options_.on_worker_start();
     std::vector<StepEvent> events;
     ServingStats at_last_log;
     auto last_log = Clock::now();

@@ -91,6 +91,7 @@ struct SamplingFields {
   std::vector<std::string> stop;  // <= 16 non-empty stop strings
   std::vector<int32_t> stop_token_ids;  // further ids that end generation (SGLang / vLLM)
   bool ignore_eos = false;              // true: do not stop at the model's eos ids
+  bool max_tokens_given = false;        // max_tokens came from the request, not the default
 };
 
 enum class Endpoint { kCompletions, kChatCompletions, kGenerate };
@@ -620,6 +621,7 @@ inline std::optional<ApiError> parse_completions(std::string_view body, int defa
     if (auto e = read_completions_prompt(*prompt, &r)) return e;
     r.sampling.max_tokens = default_max_tokens;
     if (auto e = read_max_tokens(j, "", "max_tokens", &r.sampling.max_tokens)) return e;
+    r.sampling.max_tokens_given = field(j, "max_tokens") != nullptr;
     if (auto e = read_common_sampling(j, "", &r.sampling)) return e;
     if (auto e = read_optional_seed(j, "", "seed", &r.sampling.seed)) return e;
     if (auto e = read_stream(j, &r)) return e;
@@ -665,6 +667,7 @@ inline std::optional<ApiError> parse_chat_completions(std::string_view body, int
     r.sampling.max_tokens = max_completion_tokens != 0 ? max_completion_tokens
                             : max_tokens != 0          ? max_tokens
                                                        : default_max_tokens;
+    r.sampling.max_tokens_given = max_tokens != 0 || max_completion_tokens != 0;
     if (auto e = read_common_sampling(j, "", &r.sampling)) return e;
     if (auto e = read_optional_seed(j, "", "seed", &r.sampling.seed)) return e;
     if (auto e = read_stream(j, &r)) return e;
@@ -728,6 +731,7 @@ inline std::optional<ApiError> parse_generate(std::string_view body, ParsedReque
       if (auto e = read_max_tokens(*sp, prefix, "max_new_tokens", &r.sampling.max_tokens)) {
         return e;
       }
+      r.sampling.max_tokens_given = field(*sp, "max_new_tokens") != nullptr;
       if (auto e = read_common_sampling(*sp, prefix, &r.sampling)) return e;
       std::optional<uint64_t> seed, sampling_seed;
       if (auto e = read_optional_seed(*sp, prefix, "seed", &seed)) return e;
