@@ -179,13 +179,7 @@ void check_staggered_session(int64_t chunk, int max_running) {
   Status s = SpecEngine<P, CudaExecutor>::create(
       &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
-  std::vector<GenerationResult> want;
-  for (GenerationRequest const& r : requests) {
-    std::vector<GenerationResult> one;
-    s = e.generate({&r, 1}, &one, nullptr);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    want.push_back(one[0]);
-  }
+  std::vector<GenerationResult> const want = testing::each_alone(e, requests);
   typename SpecEngine<P, CudaExecutor>::Session session(e);
   REQUIRE(session.open(engine::SessionOptions{max_running, 24, 64, chunk}).ok());
   std::map<int64_t, std::vector<int32_t>> got;
@@ -227,13 +221,7 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   for (int rep = 0; rep < 3; ++rep) {
     for (GenerationRequest const& r : mixed_requests()) requests.push_back(r);
   }
-  std::vector<GenerationResult> want;
-  for (GenerationRequest const& r : requests) {
-    std::vector<GenerationResult> one;
-    s = e.generate({&r, 1}, &one, nullptr);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    want.push_back(one[0]);
-  }
+  std::vector<GenerationResult> const want = testing::each_alone(e, requests);
   engine::SchedulerOptions o;
   o.session = engine::SessionOptions{3, 24, 64, 4};
   o.decode_log_interval = 0;

@@ -108,6 +108,21 @@ std::vector<engine::GenerationResult> run_engine(
   return out;
 }
 
+// Each request generated alone by `e` (a one-request generate each): what a request must get
+// however it is batched.
+template <class Engine>
+std::vector<engine::GenerationResult> each_alone(
+    Engine const& e, std::vector<engine::GenerationRequest> const& requests) {
+  std::vector<engine::GenerationResult> out;
+  for (engine::GenerationRequest const& r : requests) {
+    std::vector<engine::GenerationResult> one;
+    Status const s = e.generate({&r, 1}, &one, nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    out.push_back(one[0]);
+  }
+  return out;
+}
+
 // Three requests of different lengths and budgets; the first stops at an eos id when
 // `first_stops_at_eos`.
 inline std::vector<engine::GenerationRequest> mixed_requests(int vocab, bool first_stops_at_eos) {

@@ -79,15 +79,7 @@ std::vector<GenerationRequest> workload() {
 // Each request generated alone (a one-request generate).
 template <class P>
 std::vector<GenerationResult> alone(std::vector<GenerationRequest> const& requests) {
-  auto const e = make_engine<P>();
-  std::vector<GenerationResult> out;
-  for (GenerationRequest const& r : requests) {
-    std::vector<GenerationResult> one;
-    Status const s = e.generate({&r, 1}, &one, nullptr);
-    REQUIRE_MESSAGE(s.ok(), s.to_string());
-    out.push_back(one[0]);
-  }
-  return out;
+  return testing::each_alone(make_engine<P>(), requests);
 }
 
 // Requests admitted one per step (as they fit), prefilled `chunk` tokens per step.

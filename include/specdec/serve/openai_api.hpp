@@ -204,6 +204,14 @@ inline json const* field(json const& obj, std::string_view key) {
   return &*it;
 }
 
+// A JSON number with a fractional part where an integer belongs (2.5 for max_tokens).
+inline std::optional<ApiError> not_whole(json const& v, double d, std::string const& path) {
+  if (!std::isfinite(d) || std::floor(d) == d) return std::nullopt;
+  ApiError e = invalid("'" + path + "' must be an integer, got number " + shown(v), path);
+  e.code = "invalid_type";
+  return e;
+}
+
 // A whole number in [lo, hi] (hi <= 2^53 so doubles compare exactly). `allowed` describes the
 // range for the message.
 inline std::optional<ApiError> read_integer(json const& v, std::string const& path, int64_t lo,
@@ -224,11 +232,7 @@ inline std::optional<ApiError> read_integer(json const& v, std::string const& pa
   }
   if (v.is_number_float()) {
     double const d = v.get<double>();
-    if (std::isfinite(d) && std::floor(d) != d) {
-      ApiError e = invalid("'" + path + "' must be an integer, got number " + shown(v), path);
-      e.code = "invalid_type";
-      return e;
-    }
+    if (auto e = not_whole(v, d, path)) return e;
     if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi))) {
       return out_of_range(path, allowed, v);
     }
@@ -264,11 +268,7 @@ inline std::optional<ApiError> read_seed(json const& v, std::string const& path,
   }
   if (v.is_number_float()) {
     double const d = v.get<double>();
-    if (std::isfinite(d) && std::floor(d) != d) {
-      ApiError e = invalid("'" + path + "' must be an integer, got number " + shown(v), path);
-      e.code = "invalid_type";
-      return e;
-    }
+    if (auto e = not_whole(v, d, path)) return e;
     if (!(d >= 0.0 && d < 18446744073709551616.0)) return out_of_range(path, kAllowed, v);
     *out = static_cast<uint64_t>(d);
     return std::nullopt;
