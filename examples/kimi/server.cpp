@@ -131,21 +131,26 @@ char const* finish_reason(engine::RequestOutcome const& o) {
   return engine::openai_finish_reason(o.reason);
 }
 
-json meta_info(std::string const& id, engine::RequestOutcome const& o) {
+// The request's own figures (a finished flow); text_error names a token the text could not show.
+json meta_info(std::string const& id, Flow& flow) {
+  std::lock_guard lock(flow.mu);
+  engine::RequestOutcome const& o = flow.outcome;
   json reason = {{"type", finish_reason(o)}};
   if (o.reason == engine::FinishReason::kError) reason["message"] = o.error;
-  return {{"id", id},
-          {"prompt_tokens", o.prompt_tokens},
-          {"completion_tokens", o.output_tokens},
-          {"finish_reason", reason},
-          {"finish_detail", engine::finish_reason_name(o.reason)},
-          {"e2e_latency", o.total_s},
-          {"queue_time", o.queue_s},
-          {"time_to_first_token", o.first_token_s},
-          {"spec_verify_ct", o.metrics.verify_ct},
-          {"spec_accept_length", o.metrics.accept_length()},
-          {"spec_accept_rate", o.metrics.accept_rate()},
-          {"spec_per_position_accept", o.metrics.per_position_accept()}};
+  json m = {{"id", id},
+            {"prompt_tokens", o.prompt_tokens},
+            {"completion_tokens", o.output_tokens},
+            {"finish_reason", reason},
+            {"finish_detail", engine::finish_reason_name(o.reason)},
+            {"e2e_latency", o.total_s},
+            {"queue_time", o.queue_s},
+            {"time_to_first_token", o.first_token_s},
+            {"spec_verify_ct", o.metrics.verify_ct},
+            {"spec_accept_length", o.metrics.accept_length()},
+            {"spec_accept_rate", o.metrics.accept_rate()},
+            {"spec_per_position_accept", o.metrics.per_position_accept()}};
+  if (!flow.decode_error.ok()) m["text_error"] = flow.decode_error.message();
+  return m;
 }
 
 class Server {
@@ -424,7 +429,7 @@ class Server {
         out = {{"text", flow->text}, {"output_ids", flow->output_ids}};
         break;
     }
-    out["meta_info"] = meta_info(rid, o);
+    out["meta_info"] = meta_info(rid, *flow);
     res.set_content(serve::dump_json(out), "application/json");
   }
 
@@ -513,7 +518,7 @@ class Server {
               last = {{"text", flow->text}, {"output_ids", flow->output_ids}};
               break;
           }
-          last["meta_info"] = meta_info(rid, o);
+          last["meta_info"] = meta_info(rid, *flow);
           if (!send(serve::sse_data(last))) return false;
           if (include_usage && endpoint != Endpoint::kGenerate) {
             std::string const object = endpoint == Endpoint::kCompletions
