@@ -715,7 +715,8 @@ Status check_device(GenerateFlags const& g) {
     return Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
         " needs --speculative-num-steps, --speculative-eagle-topk and "
-        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step chain); none is defaulted");
+        "--speculative-num-draft-tokens (e.g. 3, 1, 4 for a 3-step EAGLE chain, or 4, 1, 5 "
+        "for Kimi-K2.5's n-gram chain); none is defaulted");
   }
 #if defined(__CUDACC__)
   if (g.device == "cuda" && !specdec::cuda_device_available()) {
