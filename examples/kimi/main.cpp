@@ -790,6 +790,16 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   return true;
 }
 
+// The ranks' sharding from the flags (rank set by each rank): --tp-size, --moe-split, and the
+// lm_head kept whole for an EAGLE-1/2 draft, which reads it.
+specdec::dist::TpShard shard_of(GenerateFlags const& g, specdec::DraftKind kind) {
+  specdec::dist::TpShard shard;
+  shard.size = g.tp_size;
+  shard.moe = g.moe_split;
+  shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
+  return shard;
+}
+
 // Runs fn.template operator()<Exec>(rank, &target) on every tensor-parallel rank, target the
 // rank's shard of m (all of it at --tp-size 1) on --device's executor: CPU ranks are threads over
 // the CPU communicator, CUDA ranks GPUs over NCCL (nccl_communicators). The first failing rank's
@@ -911,10 +921,7 @@ int generate(int argc, char** argv) {
   if (!s.ok()) return finish(s);
   nlohmann::json j;
   // Every rank: its shard of the target (all of it at --tp-size 1), then the engine.
-  specdec::dist::TpShard shard;
-  shard.size = g.tp_size;
-  shard.moe = g.moe_split;
-  shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
+  specdec::dist::TpShard const shard = shard_of(g, kind);
   s = for_each_rank(g, m, shard, [&]<class Exec>(int rank, auto* target) -> Status {
     return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
       return run_engine<P, Exec>(g, m, target, ids, rank == 0, &j);
@@ -1111,22 +1118,12 @@ int serve(int argc, char** argv) {
   if (!s.ok()) return finish(s);
   // Every rank: its shard of the target (all of it at --tp-size 1), then serve_rank; rank 0 stops
   // the followers however it ends.
-  specdec::dist::TpShard shard;
-  shard.size = g.tp_size;
-  shard.moe = g.moe_split;
-  shard.replicate_lm_head = kind == specdec::DraftKind::kEagle;
+  specdec::dist::TpShard const shard = shard_of(g, kind);
   specdec::engine::LockstepChannel lockstep(g.tp_size);
-  struct StopFollowers {
-    specdec::engine::LockstepChannel& channel;
-    bool leader;
-    ~StopFollowers() {
-      if (leader) channel.stop();
-    }
-  };
   // (An idle server's ranks wait in the lockstep channel, not in a collective, so the
   // collectives' timeout holds.)
   s = for_each_rank(g, m, shard, [&]<class Exec>(int rank, auto* target) -> Status {
-    StopFollowers const stop{lockstep, rank == 0};
+    specdec::engine::LockstepLeaderScope const stop(lockstep, rank == 0);
     return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
       return serve_rank<P, Exec>(g, sf, m, target, tokenizer, rank, &lockstep);
     });

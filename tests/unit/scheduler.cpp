@@ -417,13 +417,7 @@ TEST_CASE("scheduler: two tensor-parallel ranks in lockstep give the one-rank ou
   engine::LockstepChannel channel(2);
   SessionOptions const so{3, 30, 64, 8};
   Status const st = dist::run_ranks(2, [&](int rank, dist::CpuCommunicator& comm) -> Status {
-    struct StopFollowers {
-      engine::LockstepChannel& ch;
-      int rank;
-      ~StopFollowers() {
-        if (rank == 0) ch.stop();
-      }
-    } stop_followers{channel, rank};
+    engine::LockstepLeaderScope const stop_followers(channel, rank == 0);
     model::kimi::KimiCpuModel target;
     SPECDEC_RETURN_IF_ERROR(model::kimi::load_kimi_cpu_model(
         m.tiny.weights, m.tiny.config, dist::TpShard{rank, 2}, &comm, &target));

@@ -5,7 +5,8 @@
 // and every rank commits the same tokens (spec_engine.hpp "Tensor parallel").
 //
 //   LockstepChannel ch(ranks);
-//   rank 0:  Scheduler::create(&engine, options, info, &s, &ch); ...; s->shutdown(); ch.stop();
+//   rank 0:  LockstepLeaderScope stop(ch, true);  // ch.stop() however rank 0 ends
+//            Scheduler::create(&engine, options, info, &s, &ch); ...; s->shutdown();
 //   rank r:  follow_lockstep(ch, r, &session)   // returns when ch.stop() is called
 //
 // The leader posts admit / cancel (bookkeeping, replayed before the followers' next step) and
@@ -133,6 +134,21 @@ class LockstepChannel {
   std::vector<uint64_t> finished_;   // per rank: steps it finished
   uint64_t posted_steps_ = 0;
   bool stopped_ = false;
+};
+
+// Stops the followers when the leader's scope ends, however it ends (a follower's scope: nothing).
+class LockstepLeaderScope {
+ public:
+  LockstepLeaderScope(LockstepChannel& channel, bool leader) : channel_(channel), leader_(leader) {}
+  LockstepLeaderScope(LockstepLeaderScope const&) = delete;
+  LockstepLeaderScope& operator=(LockstepLeaderScope const&) = delete;
+  ~LockstepLeaderScope() {
+    if (leader_) channel_.stop();
+  }
+
+ private:
+  LockstepChannel& channel_;
+  bool leader_;
 };
 
 // Follower `rank`: replays the leader's admits, cancels and steps on `session` until stop().

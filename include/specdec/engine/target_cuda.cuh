@@ -75,42 +75,39 @@ class Staging {
   DeviceBuffer<T> buffer_;
 };
 
-// dst row i = src row rows[i] for i < count, `width` floats each (device arrays).
-static __global__ void gather_rows_kernel(float const* __restrict__ src,
-                                          int64_t const* __restrict__ rows, int64_t count,
-                                          int64_t width, float* __restrict__ dst) {
+// Row copies, `width` floats each, count rows (device arrays; rows distinct when scattering):
+//   kScatter false (gather_rows):  dst row i       = src row rows[i]
+//   kScatter true  (scatter_rows): dst row rows[i] = src row i
+template <bool kScatter>
+__global__ void copy_rows_kernel(float const* __restrict__ src, int64_t const* __restrict__ rows,
+                                 int64_t count, int64_t width, float* __restrict__ dst) {
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * width) return;
   int64_t const r = i / width, j = i % width;
-  dst[i] = src[rows[r] * width + j];
+  if constexpr (kScatter) {
+    dst[rows[r] * width + j] = src[i];
+  } else {
+    dst[i] = src[rows[r] * width + j];
+  }
+}
+
+template <bool kScatter>
+Status copy_rows(float const* src, int64_t const* rows, int64_t count, int64_t width, float* dst,
+                 cudaStream_t stream) {
+  int64_t const n = count * width;
+  if (n == 0) return Status::Ok();
+  copy_rows_kernel<kScatter><<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
+      src, rows, count, width, dst);
+  return cuda_launch_status(kScatter ? "engine scatter_rows" : "engine gather_rows");
 }
 
 inline Status gather_rows(float const* src, int64_t const* rows, int64_t count, int64_t width,
                           float* dst, cudaStream_t stream) {
-  int64_t const n = count * width;
-  if (n == 0) return Status::Ok();
-  gather_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
-      src, rows, count, width, dst);
-  return cuda_launch_status("engine gather_rows");
+  return copy_rows<false>(src, rows, count, width, dst, stream);
 }
-
-// dst row rows[i] = src row i for i < count, `width` floats each (device arrays; rows distinct).
-static __global__ void scatter_rows_kernel(float const* __restrict__ src,
-                                           int64_t const* __restrict__ rows, int64_t count,
-                                           int64_t width, float* __restrict__ dst) {
-  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count * width) return;
-  int64_t const r = i / width, j = i % width;
-  dst[rows[r] * width + j] = src[i];
-}
-
 inline Status scatter_rows(float const* src, int64_t const* rows, int64_t count, int64_t width,
                            float* dst, cudaStream_t stream) {
-  int64_t const n = count * width;
-  if (n == 0) return Status::Ok();
-  scatter_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
-      src, rows, count, width, dst);
-  return cuda_launch_status("engine scatter_rows");
+  return copy_rows<true>(src, rows, count, width, dst, stream);
 }
 
 }  // namespace detail
