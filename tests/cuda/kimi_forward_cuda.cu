@@ -2,7 +2,8 @@
 // (forward_cpu.hpp, itself checked against the reference and transformers) on the tiny random
 // preset (bf16 and INT4 experts; n_group 2 / topk_group 1, YaRN): the layer kernels against their
 // CPU rules; prefill + decode, a batch of requests on interleaved pages and a tree verify (logits
-// and aux {-1, 1, 3}); greedy generation; errors.
+// and aux {-1, 1, 3}); greedy generation; random weights drawn on the device
+// (generate_kimi_cuda_model) against the same values drawn on the host; errors.
 //
 // Discrete routing is what makes two executors' logits incomparable token by token: any
 // difference in the activations (bf16 rounding, or just fp32 summation order, which moves a value
@@ -25,6 +26,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -34,6 +37,7 @@
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #include "specdec/model/kimi/generate.hpp"
+#include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/ops/tree_build/tree_build.hpp"
 #include "support/kimi_model.hpp"
 #include "support/status_checks.hpp"
@@ -383,6 +387,114 @@ TEST_CASE("kimi_forward_cuda: greedy generation equals the CPU executor's") {
     }
     CHECK(got.tokens_per_s > 0.0);
   }
+}
+
+// The tiny preset with every expert routed to (the top of the file) and INT4 experts.
+specdec::io::DeepseekV3Config tiny_int4_all_experts() {
+  nlohmann::json j;
+  REQUIRE(kimi::kimi_preset_config("tiny", std::nullopt, &j).ok());
+  j["num_experts_per_tok"] = j["n_routed_experts"];
+  j["topk_group"] = j["n_group"];
+  j["quantization_config"] = kimi::kimi_int4_quantization_config();
+  specdec::io::DeepseekV3Config c;
+  Status const s = specdec::io::parse_config(j.dump(), "tiny (int4, all experts)", &c);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  return c;
+}
+
+TEST_CASE("fill_random_block: a block holds the whole tensor's values there, drawn as on the host") {
+  using kimi::RandomDraw;
+  int64_t const rows = 37, cols = 53;
+  for (RandomDraw::Kind kind :
+       {RandomDraw::Kind::kBf16, RandomDraw::Kind::kF32, RandomDraw::Kind::kBits32}) {
+    CAPTURE(int(kind));
+    RandomDraw const d{kind, 0.5f, 2.0f, 0x1234567890abcdefull};
+    int64_t const esize = kind == RandomDraw::Kind::kBf16 ? 2 : 4;
+    DeviceBuffer<uint8_t> whole(size_t(rows * cols * esize)), part(size_t(15 * 33 * esize));
+    REQUIRE(kimi::fill_random_block(whole.data(), d, cols, 0, rows, 0, cols, nullptr).ok());
+    REQUIRE(kimi::fill_random_block(part.data(), d, cols, 5, 20, 7, 40, nullptr).ok());
+    std::vector<uint8_t> w(whole.size()), p(part.size());
+    REQUIRE(cudaMemcpy(w.data(), whole.data(), w.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(p.data(), part.data(), p.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    std::vector<uint8_t> want(static_cast<size_t>(esize));
+    int bad = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        kimi::detail::store_random_at(d, uint64_t(i * cols + j), want.data(), 0);
+        bad += std::memcmp(&w[size_t((i * cols + j) * esize)], want.data(), size_t(esize)) != 0;
+        if (i >= 5 && i < 20 && j >= 7 && j < 40) {
+          bad += std::memcmp(&p[size_t(((i - 5) * 33 + j - 7) * esize)], want.data(),
+                             size_t(esize)) != 0;
+        }
+      }
+    }
+    CHECK(bad == 0);
+  }
+  // The distribution: uniform on [mean - half, mean + half): mean and variance half^2 / 3.
+  int64_t const n = int64_t{1} << 20;
+  RandomDraw const d{RandomDraw::Kind::kF32, 1.0f, 0.5f, 99};
+  DeviceBuffer<float> v(static_cast<size_t>(n));
+  REQUIRE(kimi::fill_random_block(v.data(), d, n, 0, 1, 0, n, nullptr).ok());
+  std::vector<float> h = host(v.data(), n);
+  double sum = 0, sq = 0;
+  for (float x : h) {
+    sum += x;
+    sq += double(x) * x;
+  }
+  double const mean = sum / double(n), var = sq / double(n) - mean * mean;
+  CHECK(std::fabs(mean - 1.0) < 5e-3);  // the standard error is 2.8e-4
+  CHECK(std::fabs(var - 0.25 / 3) < 2e-3);
+  CHECK(*std::min_element(h.begin(), h.end()) >= 0.5f);
+  CHECK(*std::max_element(h.begin(), h.end()) < 1.5f);
+}
+
+TEST_CASE("generate_kimi_cuda_model: the device draws the host's weights; the model agrees with "
+          "the CPU executor") {
+  specdec::io::DeepseekV3Config const c = tiny_int4_all_experts();
+  kimi::KimiRandomWeights drawn;
+  Status s = kimi::KimiRandomWeights::create(c, 11, &drawn, /*host_bytes=*/true);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  KimiCpuModel cpu;
+  s = kimi::load_kimi_cpu_model(drawn.weights, c, &cpu);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  KimiCudaModel uploaded, generated, other_seed;
+  s = kimi::load_kimi_cuda_model(drawn.weights, c, &uploaded);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  s = kimi::generate_kimi_cuda_model(c, 11, {}, nullptr, &generated);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  s = kimi::generate_kimi_cuda_model(c, 12, {}, nullptr, &other_seed);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  CHECK(generated.weight_bytes == uploaded.weight_bytes);
+
+  Rng rng(5);
+  int64_t const V = c.vocab_size;
+  std::vector<int32_t> const prompt = random_tokens(rng, 13, int(V));
+  std::vector<RequestId> const ids{0};
+  std::vector<int32_t> const count{13};
+  MlaCache host_cache;
+  REQUIRE(MlaCache::create_for(c, 8, 4, 4, &host_cache).ok());
+  REQUIRE(host_cache.add_request(0).ok());
+  KimiCudaCache caches[3];
+  KimiCudaModel* models[3] = {&uploaded, &generated, &other_seed};
+  std::vector<float> logits[3];
+  for (int k = 0; k < 3; ++k) {
+    REQUIRE(KimiCudaCache::create_for(c, 8, 4, 4, &caches[k]).ok());
+    REQUIRE(caches[k].table.add_request(0).ok());
+    kimi::CudaForwardOutput out;
+    s = kimi::kimi_prefill(CudaExecutor{}, *models[k], &caches[k].table, ids, count, prompt, {},
+                           &out);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    logits[k] = host(out.logits, out.tokens * out.vocab);
+  }
+  std::vector<float> want, aux;
+  REQUIRE(kimi::kimi_prefill(CpuExecutor{}, cpu, &host_cache, ids, count, prompt, {}, &want, &aux)
+              .ok());
+  // Same weights, same kernels: bit for bit.
+  CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4) == 0);
+  expect_close(logits[1], want, kLogitTol, &g_logits, "generated model's prefill");
+  MaxDiff seeds;
+  seeds.add(logits[2].data(), logits[1].data(), int64_t(logits[1].size()));
+  CHECK(seeds.rel() > 0.1);  // another seed, another model
 }
 
 TEST_CASE("kimi_forward_cuda: errors name the problem") {

@@ -3,6 +3,9 @@
 // shared), on one GPU.
 //   load_kimi_cuda_model(weights, config, &model)      device copy of the checkpoint (bf16 as
 //                                                       stored, INT4 experts packed as stored)
+//   generate_kimi_cuda_model(config, seed, shard, comm, &model)
+//                                                       the same with random weights drawn on the
+//                                                       device (random_device.cuh), no checkpoint
 //   KimiCudaCache::create_for(config, page_size, num_pages, max_pages_per_request, &cache)
 //                                                       MlaCache bookkeeping over device entries
 //   kimi_prefill / kimi_decode / kimi_verify(CudaExecutor{stream}, model, &cache.table, ...,
@@ -59,6 +62,7 @@
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/layer_kernels.cuh"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/model/kimi/random_device.cuh"
 #include "specdec/model/kimi/shard.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/mla_attention/mla_attention.hpp"
@@ -99,6 +103,12 @@ struct CudaLayer {
   CudaMlp shared_experts;
   ops::MoeExpertWeights experts;       // device pointer tables of the experts held (moe)
 };
+
+class KimiCudaModel;
+namespace detail {
+Status load_cuda_model_impl(KimiWeights const&, io::DeepseekV3Config const&, dist::TpShard const&,
+                            dist::NcclCommunicator*, KimiRandomWeights const*, KimiCudaModel*);
+}  // namespace detail
 
 // Device weights and the per-forward scratch of one model on one GPU. Move-only. A
 // tensor-parallel rank holds its shard (dist/shard.hpp; the CPU model's, forward_cpu.hpp): nh ->
@@ -150,8 +160,9 @@ class KimiCudaModel {
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
 
-  friend Status load_kimi_cuda_model(KimiWeights const&, io::DeepseekV3Config const&,
-                                     dist::TpShard const&, dist::NcclCommunicator*, KimiCudaModel*);
+  friend Status detail::load_cuda_model_impl(KimiWeights const&, io::DeepseekV3Config const&,
+                                             dist::TpShard const&, dist::NcclCommunicator*,
+                                             KimiRandomWeights const*, KimiCudaModel*);
   friend Status reserve_scratch(KimiCudaModel&, int64_t, int, int64_t, int64_t, Scratch*);
 };
 
@@ -226,10 +237,11 @@ struct DeviceCarver {
 // all the tensors, routers also as fp32, expert pointer tables for ops::moe_experts. At
 // shard.size > 1, `comm` is that rank's NCCL communicator on this GPU (kept by the model; may be
 // null at size 1).
-inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
+namespace detail {
+inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config const& c,
                                    dist::TpShard const& shard, dist::NcclCommunicator* comm,
-                                   KimiCudaModel* out) {
-  std::string const fn = "load_kimi_cuda_model (" + c.source +
+                                   KimiRandomWeights const* random, KimiCudaModel* out) {
+  std::string const fn = std::string(random ? "generate_kimi_cuda_model (" : "load_kimi_cuda_model (") + c.source +
                          (shard.size > 1 ? ", rank " + std::to_string(shard.rank) + " of " +
                                                std::to_string(shard.size)
                                          : "") +
@@ -263,6 +275,22 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
     size_t width, pitch, height;
   };
   std::vector<Pending> copies;
+  // A block of a tensor without bytes (random weights): drawn on the device instead of copied.
+  struct Fill {
+    void* dst;
+    RandomDraw draw;
+    int64_t cols, r0, r1, c0, c1;
+  };
+  std::vector<Fill> fills;
+  Status missing = Status::Ok();  // a view without bytes and no draw for it
+  auto draw_of = [&](TensorView const& v) -> RandomDraw const* {
+    RandomDraw const* d = random ? random->draw(v.name) : nullptr;
+    if (d == nullptr && missing.ok()) {
+      missing = Status::InvalidArgument(fn + "tensor \"" + std::string(v.name) +
+                                        "\" holds no bytes (weights not loaded?)");
+    }
+    return d;
+  };
   std::vector<std::vector<float>> floats_keep;  // fp32 conversions kept alive until copied
   std::vector<std::vector<uintptr_t>> tables_keep;
   detail::DeviceCarver carver;
@@ -270,7 +298,9 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   auto block = [&]<class T>(TensorView const& v, int64_t rows, int64_t cols, int64_t r0,
                             int64_t r1, int64_t c0, int64_t c1, T** dst) -> void {
     T* d = carver.take<T>((r1 - r0) * (c1 - c0));
-    if (carver.base) {
+    if (carver.base && v.bytes.empty()) {
+      if (RandomDraw const* draw = draw_of(v)) fills.push_back({d, *draw, cols, r0, r1, c0, c1});
+    } else if (carver.base) {
       copies.push_back({d, v.bytes.data() + (r0 * cols + c0) * int64_t{sizeof(T)},
                         static_cast<size_t>(c1 - c0) * sizeof(T),
                         static_cast<size_t>(cols) * sizeof(T), static_cast<size_t>(r1 - r0)});
@@ -310,6 +340,18 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   };
   auto f32 = [&](TensorView const& v, int64_t n, std::string const& what,
                  float const** dst) -> Status {
+    if (v.bytes.empty()) {  // random weights: drawn in fp32 on the device
+      float* d = carver.take<float>(n);
+      if (carver.base) {
+        if (RandomDraw const* draw = draw_of(v)) {
+          RandomDraw f = *draw;
+          if (f.kind == RandomDraw::Kind::kBf16) f.kind = RandomDraw::Kind::kBf16Widened;
+          fills.push_back({d, f, n, 0, 1, 0, n});
+        }
+      }
+      *dst = d;
+      return Status::Ok();
+    }
     std::vector<float> f;
     SPECDEC_RETURN_IF_ERROR(detail::view_to_float(v, n, what, &f).prefixed(fn));
     float* d = carver.take<float>(n);
@@ -468,10 +510,16 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   m.weight_bytes = carver.used;
   carver = detail::DeviceCarver{m.arena_.data(), 0};
   SPECDEC_RETURN_IF_ERROR(walk());  // the device addresses, and the copies to make
+  SPECDEC_RETURN_IF_ERROR(missing);
   for (auto const& cp : copies) {
     SPECDEC_CUDA_TRY(cudaMemcpy2D(cp.dst, cp.width, cp.src, cp.pitch, cp.width, cp.height,
                                   cudaMemcpyHostToDevice));
   }
+  for (Fill const& f : fills) {
+    SPECDEC_RETURN_IF_ERROR(
+        fill_random_block(f.dst, f.draw, f.cols, f.r0, f.r1, f.c0, f.c1, nullptr).prefixed(fn));
+  }
+  SPECDEC_CUDA_TRY(cudaDeviceSynchronize());
   cublasHandle_t h = nullptr;
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
   m.cublas_.reset(h);
@@ -479,9 +527,29 @@ inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config co
   return Status::Ok();
 }
 
+}  // namespace detail
+
+inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
+                                   dist::TpShard const& shard, dist::NcclCommunicator* comm,
+                                   KimiCudaModel* out) {
+  return detail::load_cuda_model_impl(w, c, shard, comm, nullptr, out);
+}
+
 inline Status load_kimi_cuda_model(KimiWeights const& w, io::DeepseekV3Config const& c,
                                    KimiCudaModel* out) {
   return load_kimi_cuda_model(w, c, dist::TpShard{}, nullptr, out);
+}
+
+// The model of `config` with random weights drawn on the device from `seed` (random_device.cuh:
+// no checkpoint, no host copy of the weights; the same values at every tensor-parallel size),
+// sharded as load_kimi_cuda_model shards a checkpoint.
+inline Status generate_kimi_cuda_model(io::DeepseekV3Config const& c, uint64_t seed,
+                                       dist::TpShard const& shard, dist::NcclCommunicator* comm,
+                                       KimiCudaModel* out) {
+  KimiRandomWeights random;
+  SPECDEC_RETURN_IF_ERROR(KimiRandomWeights::create(c, seed, &random)
+                              .prefixed("generate_kimi_cuda_model (" + c.source + "): "));
+  return detail::load_cuda_model_impl(random.weights, c, shard, comm, &random, out);
 }
 
 // Makes *s point at scratch for T tokens, A aux layers, a batch of B requests with metadata of

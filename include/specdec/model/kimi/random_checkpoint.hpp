@@ -11,6 +11,10 @@
 //     "kimi-k2.5"  Kimi-K2.5's nested form (model_type kimi_k25, text_config, tensors
 //                  "language_model.model.") with kimi.md's real dimensions (61 layers, ~1T
 //                  parameters: pass num_layers to keep it writable).
+//     "kimi-k2.5-1gpu"  kimi-k2.5 with kKimi1GpuExperts (64) routed experts per layer instead of
+//                  384: every per-token dimension is the real model's (so are the bytes a decode
+//                  step reads at batch 1), and with INT4 experts the 61 layers fit one H200
+//                  (~118 GB; generate_kimi_cuda_model draws them on the GPU, no checkpoint).
 //     num_layers (optional) overrides num_hidden_layers (>= 1); layer 0 stays dense.
 //   kimi_int4_quantization_config()                Kimi-K2.5's quantization_config (kimi.md).
 //   write_random_checkpoint(dir, config, seed, int4, shards, progress, options)
@@ -79,7 +83,10 @@
 
 namespace specdec::model::kimi {
 
-inline constexpr char const* kKimiPresets = "tiny, kimi-k2.5";
+inline constexpr char const* kKimiPresets = "tiny, kimi-k2.5, kimi-k2.5-1gpu";
+
+// Routed experts per layer of the kimi-k2.5-1gpu preset.
+inline constexpr int kKimi1GpuExperts = 64;
 
 // The norm of the lm_head rows of a repeat_period checkpoint (see the top of this file).
 inline constexpr double kRepeatHeadNorm = 4.0;
@@ -136,7 +143,7 @@ inline Status kimi_preset_config(std::string_view preset, std::optional<int> num
       *out = std::move(j);
       return Status::Ok();
     }
-    if (preset == "kimi-k2.5") {
+    if (preset == "kimi-k2.5" || preset == "kimi-k2.5-1gpu") {
       json j = json::parse(R"({
         "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
         "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
@@ -158,6 +165,7 @@ inline Status kimi_preset_config(std::string_view preset, std::optional<int> num
           "max_position_embeddings": 262144,
           "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
           "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16"}})");
+      if (preset == "kimi-k2.5-1gpu") j["text_config"]["n_routed_experts"] = kKimi1GpuExperts;
       if (num_layers) j["text_config"]["num_hidden_layers"] = *num_layers;
       *out = std::move(j);
       return Status::Ok();
