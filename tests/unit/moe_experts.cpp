@@ -349,13 +349,14 @@ TEST_CASE("moe_experts: CUDA workspace size, layout and its refusal") {
   // Kimi-K2.5 decode, 64 tokens: the per-assignment h and out dominate.
   MoeExpertsWorkspaceLayout const l = moe_experts_workspace_layout(64, 8, 384, 7168, 2048);
   CHECK(l.offsets == 0);
-  for (size_t at : {l.active, l.sorted, l.h, l.out, l.bytes}) CHECK(at % 256 == 0);
+  for (size_t at : {l.active, l.sorted, l.h, l.out, l.xb, l.bytes}) CHECK(at % 256 == 0);
   CHECK(l.active >= 385 * 4);
   CHECK(l.sorted >= l.active + 384 * 4);
   CHECK(l.h >= l.sorted + 512 * 4);
   CHECK(l.out >= l.h + size_t{512} * 2048 * 4);
-  CHECK(l.bytes >= l.out + size_t{512} * 7168 * 4);
-  CHECK(l.bytes < l.out + size_t{512} * 7168 * 4 + 256);
+  CHECK(l.xb >= l.out + size_t{512} * 7168 * 4);
+  CHECK(l.bytes >= l.xb + size_t{64} * 7168 * 2);
+  CHECK(l.bytes < l.xb + size_t{64} * 7168 * 2 + 256);
   CHECK(moe_experts_workspace_bytes(64, 8, 384, 7168, 2048) == l.bytes);
   // Fewer assignments than experts: active holds min(E, T*K) slots.
   MoeExpertsWorkspaceLayout const one = moe_experts_workspace_layout(1, 8, 384, 7168, 2048);

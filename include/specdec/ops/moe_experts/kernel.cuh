@@ -1,40 +1,58 @@
 // moe_experts CUDA kernels: routed-expert SwiGLU for T tokens x top_k experts (params.hpp has the
 // contract). The weight stream is the cost (Kimi-K2.5 INT4: 24.8 MB per expert), so each routed
-// expert's weights are read ONCE per launch however many tokens chose it. Four launches, grids
-// fixed by (T, K, E, H, I), never by the routing: no host sync, no allocation, graph-capturable.
+// expert's weights are read ONCE per launch however many tokens chose it (per 8 tokens of it on
+// the INT4 path, per kTileTokens on the bf16 path; more tokens re-read them from L2). Launches
+// with grids fixed by (T, K, E, H, I), never by the routing: no host sync, no allocation,
+// graph-capturable.
 //   1. group   (1 block, 8 warps): a counting sort of the N = T*K assignments a = t*K + k by
 //      expert, stable in a. Warp w counts its contiguous segment of assignments per expert in
 //      shared memory (__match_any_sync, no atomics), warp 0 scans the counts into offsets [E + 1],
 //      per-warp start positions and the list of active experts (increasing id, -1 padded), then
 //      every warp scatters its segment in order into sorted [N]. Ids outside [0, E) are left out.
-//   2. rows<gate/up> grid (ceil(I / (8 R)), S = min(E, N) slots): block (x, s) takes the s-th
-//      active expert (exits at once past the active count) and 8 R rows n of I; each of its 8
-//      warps owns R rows of gate AND the same R rows of up (R = 2 INT4, 1 bf16). The block walks the expert's tokens in tiles of
-//      up to kTileTokens (8) and H in chunks of kChunk (1024) columns: the tile's x rows are staged
-//      in shared memory (fp32, 4 floats of padding after every 32 so 128-bit reads do not conflict),
-//      each lane dequantises its stretch of every owned weight row ONCE per chunk (one 128-bit
-//      load of 4 packed words = 32 columns, or 4 loads of 8 bf16) and FMAs it against every token
-//      of the tile; the next chunk's weights are loaded before the current one is used (register
-//      double buffering). After the last chunk a warp-shuffle sum gives g and u, and lane 0
-//      writes h[pos, n] = silu(g) * u for each sorted position pos of the tile.
-//   3. rows<down> grid (ceil(H / (8 R')), S): the same agent over down_e [H, I] reading h,
-//      R' rows of down per warp (R' = 4 INT4, 2 bf16), writing out[a, j] for each assignment a.
-//   4. combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] = sum_k weights[t, k] * out[t*K + k, j..]
+//   INT4 experts, on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation):
+//   2. to_bf16: x [T, H] -> xb [T, H] bf16 (round to nearest even), each 8-column word stored in
+//      the order 0 4 1 5 2 6 3 7 (see "Fragments" below).
+//   3. int4_mma<gate_up> grid (ceil(I / 16), S = min(E, N) slots) x 4 warps: block (x, s) takes
+//      the s-th active expert (exits at once past the active count) and rows 16x .. 16x + 15 of
+//      gate and of up; its 4 warps split H into 128-column chunks (split K) and the block sums
+//      their accumulators in shared memory in warp order; h = silu(g) * u is written as bf16 in
+//      the word order of 2. (workspace h, by sorted position).
+//   4. int4_mma<down> grid (ceil(H / 128), S) x 4 warps: warp w takes 32 rows of down_e (two
+//      16-row tiles) over all of I, reading h, and writes out[a, j] for each assignment a.
+//   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads the 32 packed
+//   columns 32 q .. 32 q + 31 of its rows g and g + 8 of each of its two 16-row tiles (one
+//   128-bit load per row: 4 words), their scales, and the same 32 columns of token g's operand
+//   (4 x 128 bits); the next chunk's loads are issued before this chunk is used.
+//   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
+//   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
+//   the weight rounded to bf16 once. Fragments: any order of the reduction columns works if A
+//   and B agree, so the 16 columns of an mma are, for lane quad position q, the pairs (i, i + 4)
+//   of its word: mma 1 of a word takes A = {(n0,n4), (n1,n5)} of rows g, g + 8 and B = token g's
+//   xb pairs (x0,x4), (x1,x5), mma 2 the pairs 2 and 3; xb's word order puts exactly those pairs
+//   in 32-bit registers. Accumulator lane (g, q) holds rows g, g + 8 x tokens 2q, 2q + 1.
+//   Numerics: the bf16 GEMM of the dense layers (x, the dequantised weights and h rounded to bf16,
+//   fp32 sums); reference.hpp's bf16_operands mode is its oracle.
+//   bf16 experts, on CUDA cores (fp32 math on the exact bf16 values):
+//   2'. rows<gate/up> grid (ceil(I / 8), S): block (x, s) takes the s-th active expert and 8
+//      rows n of I; each of its 8 warps owns one row of gate AND the same row of up. The block
+//      walks the expert's tokens in tiles of up to kTileTokens (8) and H in chunks of kChunk
+//      (1024) columns: the tile's x rows are staged in shared memory (fp32, 4 floats of padding
+//      after every 32 so 128-bit reads do not conflict), each lane converts its stretch of every
+//      owned weight row ONCE per chunk (4 loads of 8 bf16) and FMAs it against every token of the
+//      tile; the next chunk's weights are loaded before the current one is used (register double
+//      buffering). After the last chunk a warp-shuffle sum gives g and u, and lane 0 writes
+//      h[pos, n] = silu(g) * u (float) for each sorted position pos of the tile.
+//   3'. rows<down> grid (ceil(H / 16), S): the same over down_e [H, I] reading h, 2 rows of down
+//      per warp, writing out[a, j] for each assignment a.
+//   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] = sum_k weights[t, k] * out[t*K + k, j..]
 //      in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
-// Rows of a block past the matrix's end are clamped for the loads and not written. INT4 dequant:
-// a nibble n becomes float(0x4B000000 | n) - (2^23 + 8) = n - 8 exactly (a byte permute and a
-// subtraction); the partial dot of every 4 columns is multiplied by its group's scale once per
-// token. Everything accumulates in float; the reference (reference.hpp) accumulates in double,
-// hence the tests' tolerance.
-// Registers (nvcc 13, sm_90, -O3): __launch_bounds__(256, 2) holds all four rows kernels at 128
-// registers without spills, so two blocks (16 warps, 2 x 36 KB of shared memory) share an SM and
-// each INT4 warp keeps up to 2 x 4 rows x 512 B of weights in flight.
+// Rows of a block past the matrix's end are clamped for the loads and not written; columns past
+// the end (H or I not a multiple of the chunk) load zeros.
 // Shapes: x [T, H], ids / weights [T, K], y [T, H], expert tables as params.hpp says, workspace
 // moe_experts_workspace_bytes(T, K, E, H, I) (device memory).
-// Prefill runs on CUDA cores (no tensor cores); a tile re-reads its block's weight rows from L2 per
-// tile of 8 tokens.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +79,8 @@ struct Plan {
   int32_t* offsets;  // [E + 1]
   int32_t* active;   // [slots]
   int32_t* sorted;   // [N]
-  float* h;          // [N, I] by sorted position
+  float* h;          // [N, I] by sorted position (INT4: bf16 in word order)
+  void* xb;          // [T, H] bf16 in word order (INT4)
   float* out;        // [N, H] by assignment
   int slots;         // min(E, N)
   int group_shift;   // log2(group_size) when it is a power of two, else -1 (INT4)
@@ -77,81 +96,14 @@ __device__ __forceinline__ uint32_t word_of(uint4 const& v, int i) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
-// Byte j (a nibble value 0..15) of x, minus 8, as a float: 0x4B0000nn is 2^23 + n exactly.
-__device__ __forceinline__ float int4_value(uint32_t x, uint32_t j) {
-  return __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7650u | j)) - 8388616.0f;
-}
-
-// ---- Weight formats: one row of one matrix, its per-chunk registers, and dequantisation ----
+// ---- bf16 experts on CUDA cores ----
 // A lane's columns in a chunk are kVecs vectors of kColsPerVec; vector v starts at chunk column
 // vec_col(v, lane) and splits into kUnits units of 4 columns (one 128-bit read of x per token).
-
-struct Int4Format {
-  static constexpr int kColsPerVec = 32;  // one uint4 = 4 packed words
-  static constexpr int kVecs = kChunk / (32 * kColsPerVec);
-  static constexpr int kUnits = 8;        // 4 columns each: half a word
-  static constexpr bool kScaled = true;
-  static constexpr int kGateUpRows = 2;  // rows of gate (and of up) per warp
-  static constexpr int kDownRows = 4;    // rows of down per warp
-  static_assert(kVecs == 1, "the INT4 row loads assume one 128-bit vector per lane per chunk");
-  struct Matrix {             // one expert's [rows, cols]
-    int32_t const* packed;    // [rows, cols / 8]
-    uint16_t const* scale;    // [rows, cols / G]
-  };
-  struct Regs {
-    uint4 v;       // 4 words = 32 nibbles
-    uint32_t s01;  // bf16 scales of words 0 (low half) and 1 (high half)
-    uint32_t s23;  // of words 2 and 3
-  };
-  // which: 0 gate, 1 up, 2 down.
-  __device__ static Matrix matrix(MoeExpertWeights const& w, int which, int e) {
-    int32_t const* const* packed = which == 0 ? w.gate_packed : which == 1 ? w.up_packed : w.down_packed;
-    uint16_t const* const* scale = which == 0 ? w.gate_scale : which == 1 ? w.up_scale : w.down_scale;
-    return {packed[e], scale[e]};
-  }
-  __device__ static int vec_col(int, int lane) { return lane * kColsPerVec; }
-  // The lane's vector of row n in the chunk starting at column `base` (zeros past `cols`).
-  __device__ static void load(Matrix const& m, int n, int base, int cols, int lane, int group,
-                              int shift, Regs& out) {
-    int const c = base + vec_col(0, lane);
-    if (c < cols) {
-      int32_t const* packed = m.packed + static_cast<int64_t>(n) * (cols / 8);
-      uint16_t const* scale = m.scale + static_cast<int64_t>(n) * (cols / group);
-      out.v = __ldg(reinterpret_cast<uint4 const*>(packed + c / 8));
-      uint32_t s[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        int const col = c + 8 * u;
-        s[u] = __ldg(scale + (shift >= 0 ? col >> shift : col / group));
-      }
-      out.s01 = s[0] | (s[1] << 16);
-      out.s23 = s[2] | (s[3] << 16);
-    } else {
-      out.v = make_uint4(0u, 0u, 0u, 0u);
-      out.s01 = out.s23 = 0u;
-    }
-  }
-  // The 4 values of unit u (nibbles 4(u%2) .. +3 of word u/2) without their scale, and the scale.
-  __device__ static float unit(Regs const& r, int, int u, float (&q)[4]) {
-    int const w = u >> 1;
-    uint32_t const word = word_of(r.v, w);
-    uint32_t const lo = word & 0x0F0F0F0Fu;         // byte j = nibble 2j
-    uint32_t const hi = (word >> 4) & 0x0F0F0F0Fu;  // byte j = nibble 2j + 1
-    uint32_t const j = 2u * static_cast<uint32_t>(u & 1);
-    q[0] = int4_value(lo, j);
-    q[1] = int4_value(hi, j);
-    q[2] = int4_value(lo, j + 1);
-    q[3] = int4_value(hi, j + 1);
-    uint32_t const s = w < 2 ? r.s01 : r.s23;
-    return __uint_as_float((w & 1) ? (s & 0xFFFF0000u) : (s << 16));
-  }
-};
 
 struct Bf16Format {
   static constexpr int kColsPerVec = 8;  // one uint4 = 8 bf16
   static constexpr int kVecs = kChunk / (32 * kColsPerVec);
   static constexpr int kUnits = 2;       // 4 columns each
-  static constexpr bool kScaled = false;
   static constexpr int kGateUpRows = 1;
   static constexpr int kDownRows = 2;
   struct Matrix {
@@ -166,8 +118,7 @@ struct Bf16Format {
   }
   // Lanes interleave: vector v of lane l covers chunk columns (32 v + l) * 8 .. + 8.
   __device__ static int vec_col(int v, int lane) { return (v * 32 + lane) * kColsPerVec; }
-  __device__ static void load(Matrix const& m, int n, int base, int cols, int lane, int, int,
-                              Regs& out) {
+  __device__ static void load(Matrix const& m, int n, int base, int cols, int lane, Regs& out) {
     uint16_t const* row = m.data + static_cast<int64_t>(n) * cols;
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
@@ -176,14 +127,14 @@ struct Bf16Format {
                           : make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  __device__ static float unit(Regs const& r, int v, int u, float (&q)[4]) {
+  // The 4 values of unit u of vector v.
+  __device__ static void unit(Regs const& r, int v, int u, float (&q)[4]) {
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       uint32_t const word = word_of(r.v[v], 2 * u + m);  // elements 4u + 2m (low half), + 1
       q[2 * m] = __uint_as_float(word << 16);
       q[2 * m + 1] = __uint_as_float(word & 0xFFFF0000u);
     }
-    return 1.0f;
   }
 };
 
@@ -200,9 +151,8 @@ __device__ __forceinline__ void accumulate_chunk(typename Fmt::Regs const (&wr)[
 #pragma unroll
     for (int u = 0; u < Fmt::kUnits; ++u) {
       float q[kW][4];
-      float s[kW];
 #pragma unroll
-      for (int r = 0; r < kW; ++r) s[r] = Fmt::unit(wr[r], v, u, q[r]);
+      for (int r = 0; r < kW; ++r) Fmt::unit(wr[r], v, u, q[r]);
       float const* xu = &xs[0][padded(cl + 4 * u)];
 #pragma unroll
       for (int t = 0; t < kTileTokens; ++t) {
@@ -214,7 +164,7 @@ __device__ __forceinline__ void accumulate_chunk(typename Fmt::Regs const (&wr)[
             d = fmaf(q[r][1], a.y, d);
             d = fmaf(q[r][2], a.z, d);
             d = fmaf(q[r][3], a.w, d);
-            acc[r][t] = Fmt::kScaled ? fmaf(s[r], d, acc[r][t]) : acc[r][t] + d;
+            acc[r][t] += d;
           }
         }
       }
@@ -301,7 +251,7 @@ static __global__ void __launch_bounds__(kGroupWarps * 32)
   }
 }
 
-// ---- 2. / 3. Rows of gate and up (h), or of down (out), for one active expert ----
+// ---- 2'. / 3'. bf16: rows of gate and up (h), or of down (out), for one active expert ----
 template <class Fmt, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_experts_rows_kernel(__grid_constant__ MoeExpertsParams const p,
@@ -323,7 +273,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   typename Fmt::Matrix mat[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) mat[m] = Fmt::matrix(p.w, kGateUp ? m : 2, e);
-  int const group = p.w.group_size, shift = plan.group_shift;
   int const nchunks = (cols + kChunk - 1) / kChunk;
   int const iters = (end - begin + kTileTokens - 1) / kTileTokens * nchunks;
   // Weight row r of the warp (r = m * kRowsPerMat + i: row row0 + i of matrix m) in the chunk at
@@ -333,8 +282,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int m = 0; m < kMats; ++m) {
 #pragma unroll
       for (int i = 0; i < kRowsPerMat; ++i) {
-        Fmt::load(mat[m], min(row0 + i, rows - 1), at, cols, lane, group, shift,
-                  regs[m * kRowsPerMat + i]);
+        Fmt::load(mat[m], min(row0 + i, rows - 1), at, cols, lane, regs[m * kRowsPerMat + i]);
       }
     }
   };
@@ -407,7 +355,229 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// ---- 4. y = sum_k weights * out, in k order ----
+// ---- INT4 experts on tensor cores (2. to_bf16, 3. / 4. int4_mma) ----
+constexpr int kMmaWarps = 4;                   // per block
+constexpr int kMmaChunk = 128;                 // columns per warp pass: 4 quad lanes x 32
+constexpr int kMmaTileRows = 16;               // rows of an A tile (mma M)
+constexpr int kMmaTokens = 8;                  // tokens per pass (mma N)
+constexpr int kDownRowsPerWarp = 2 * kMmaTileRows;
+
+// Index of column c in the word order of 2. (0 4 1 5 2 6 3 7 within each 8 columns).
+__device__ __forceinline__ int word_order(int c) {
+  int const i = c & 7;
+  return (c & ~7) + (i < 4 ? 2 * i : 2 * (i - 4) + 1);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The 4 bf16 pairs (w_i, w_{i+4}) of packed word `word`, i < 4, as (nibble - 8) * scale.
+__device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale,
+                                             uint32_t (&pairs)[4]) {
+  uint32_t const one_bits = 0x3F803F80u, minus136_bits = 0xC308C308u;  // (1, 1), (-136, -136)
+  __nv_bfloat162 const one = *reinterpret_cast<__nv_bfloat162 const*>(&one_bits);
+  __nv_bfloat162 const minus136 = *reinterpret_cast<__nv_bfloat162 const*>(&minus136_bits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t const bits = ((word >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // 128 + n
+    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 const*>(&bits);
+    v = __hfma2(v, one, minus136);  // n - 8, exact
+    pairs[i] = bf16x2_bits(__hmul2(v, scale));
+  }
+}
+
+// c += A [16 x 16] B [16 x 8], bf16 operands, fp32 accumulators (PTX fragment layout).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 2. xb = bf16(x) in word order, 8 columns per thread.
+static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16* xb,
+                                                  int64_t words) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= words) return;
+  float4 const lo = reinterpret_cast<float4 const*>(x)[2 * i];
+  float4 const hi = reinterpret_cast<float4 const*>(x)[2 * i + 1];
+  uint4 o;
+  o.x = bf16x2_bits(__floats2bfloat162_rn(lo.x, hi.x));
+  o.y = bf16x2_bits(__floats2bfloat162_rn(lo.y, hi.y));
+  o.z = bf16x2_bits(__floats2bfloat162_rn(lo.z, hi.z));
+  o.w = bf16x2_bits(__floats2bfloat162_rn(lo.w, hi.w));
+  reinterpret_cast<uint4*>(xb)[i] = o;
+}
+
+// One warp's loads for one 128-column chunk: packed words of its two A tiles (rows g and g + 8
+// of each), their scales as bf16 pairs (s, s) (kScales: one per row, or one per word when a
+// group is narrower than the lane's 32 columns; 0 past the matrix's end, so those columns
+// contribute exactly 0), and token g's operand.
+template <int kScales>
+struct Int4Chunk {
+  uint4 w[2][2];               // [tile][row g / g + 8]
+  uint32_t s[2][2][kScales];
+  uint4 b[4];                  // 8 operand values per word, word order
+};
+
+// 3. (kGateUp: tiles = gate and up rows 16 blockIdx.x .., split K over the warps) and
+// 4. (!kGateUp: tiles = down rows 32 (4 blockIdx.x + warp) .. + 31, all of I). kOneScale: the
+// group size is a power of two >= 32 (a lane's 32 columns share one scale, at column >> shift);
+// otherwise each word's scale is looked up (column / group).
+template <bool kGateUp, bool kOneScale>
+__global__ void __launch_bounds__(kMmaWarps * 32, 4)
+    moe_experts_int4_mma_kernel(__grid_constant__ MoeExpertsParams const p,
+                                __grid_constant__ Plan const plan) {
+  constexpr int kScales = kOneScale ? 1 : 4;
+  __shared__ float partial[kGateUp ? kMmaWarps : 1][32][8];
+  int const e = plan.active[blockIdx.y];
+  if (e < 0) return;  // fewer active experts than slots: the whole block leaves
+  int const begin = plan.offsets[e], end = plan.offsets[e + 1];
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  int const rows = kGateUp ? p.inter : p.hidden;  // output rows of each matrix
+  int const cols = kGateUp ? p.hidden : p.inter;  // reduction length
+  int const group = p.w.group_size, shift = plan.group_shift;
+  int const row0 = kGateUp ? blockIdx.x * kMmaTileRows
+                           : (blockIdx.x * kMmaWarps + warp) * kDownRowsPerWarp;
+  if (!kGateUp && row0 >= rows) return;  // no barrier below on this path
+
+  // Tile m, row half h: the lane's first 128 bits of the packed row, and the scale row (rows
+  // past the end clamped).
+  uint4 const* packed[2][2];
+  uint16_t const* scales[2][2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    int32_t const* base = kGateUp ? (m == 0 ? p.w.gate_packed[e] : p.w.up_packed[e])
+                                  : p.w.down_packed[e];
+    uint16_t const* sbase = kGateUp ? (m == 0 ? p.w.gate_scale[e] : p.w.up_scale[e])
+                                    : p.w.down_scale[e];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int const r = min(row0 + (kGateUp ? 0 : m * kMmaTileRows) + g + 8 * h, rows - 1);
+      packed[m][h] = reinterpret_cast<uint4 const*>(base + static_cast<int64_t>(r) * (cols / 8)) + q;
+      scales[m][h] = sbase + static_cast<int64_t>(r) * (cols / group);
+    }
+  }
+  int const nchunks = (cols + kMmaChunk - 1) / kMmaChunk;
+  int const per_warp = kGateUp ? (nchunks + kMmaWarps - 1) / kMmaWarps : nchunks;
+  int const ch0 = kGateUp ? min(nchunks, warp * per_warp) : 0;
+  int const ch1 = min(nchunks, ch0 + per_warp);
+  // Loads without branches: a lane past the end reads column 0 and gets scale 0.
+  auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
+    int const col = ch * kMmaChunk + 32 * q;
+    bool const in = col < cols;
+    int const at = in ? col : 0;
+    int const vec = in ? ch * (kMmaChunk / 32) : -q;  // 128-bit steps from the lane's first
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        c.w[m][h] = __ldg(packed[m][h] + vec);
+#pragma unroll
+        for (int k = 0; k < kScales; ++k) {
+          int const sc = at + 8 * k;
+          uint32_t const bits = __ldg(scales[m][h] + (kOneScale ? sc >> shift : sc / group));
+          c.s[m][h][k] = in ? bits * 0x10001u : 0u;
+        }
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) c.b[w] = __ldg(operand + at / 8 + w);
+  };
+  // acc[m] += tile m's rows x the chunk's operand columns.
+  auto mma_chunk = [&](Int4Chunk<kScales> const& c, float (&acc)[2][4]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t const s2 = c.s[m][h][kOneScale ? 0 : w];
+          dequant_word(word_of(c.w[m][h], w), *reinterpret_cast<__nv_bfloat162 const*>(&s2), a[h]);
+        }
+        mma_bf16_16816(acc[m], a[0][0], a[1][0], a[0][1], a[1][1], c.b[w].x, c.b[w].y);
+        mma_bf16_16816(acc[m], a[0][2], a[1][2], a[0][3], a[1][3], c.b[w].z, c.b[w].w);
+      }
+    }
+  };
+
+  __nv_bfloat16 const* const xb = reinterpret_cast<__nv_bfloat16 const*>(plan.xb);
+  __nv_bfloat16* const hb = reinterpret_cast<__nv_bfloat16*>(plan.h);
+  for (int t0 = begin; t0 < end; t0 += kMmaTokens) {
+    int const ntok = min(kMmaTokens, end - t0);
+    // Token g's operand row: xb by token, or h by sorted position. Past the tile's tokens, the
+    // first token's (its accumulator column is computed and never written).
+    int const pos = t0 + (g < ntok ? g : 0);
+    uint4 const* const operand = reinterpret_cast<uint4 const*>(
+        kGateUp ? xb + static_cast<int64_t>(plan.sorted[pos] / p.top_k) * cols
+                : hb + static_cast<int64_t>(pos) * cols);
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    Int4Chunk<kScales> even, odd;  // ping-pong: one is used while the next is loaded
+    if (ch0 < ch1) load_chunk(operand, ch0, even);
+    for (int ch = ch0; ch < ch1; ch += 2) {
+      if (ch + 1 < ch1) load_chunk(operand, ch + 1, odd);
+      mma_chunk(even, acc);
+      if (ch + 1 >= ch1) break;
+      if (ch + 2 < ch1) load_chunk(operand, ch + 2, even);
+      mma_chunk(odd, acc);
+    }
+    // Accumulator j of tile m: row g + 8 (j >> 1), token 2q + (j & 1).
+    if constexpr (kGateUp) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        partial[warp][lane][j] = acc[0][j];
+        partial[warp][lane][4 + j] = acc[1][j];
+      }
+      __syncthreads();
+      if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float gv = 0.0f, uv = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kMmaWarps; ++w) {
+            gv += partial[w][lane][j];
+            uv += partial[w][lane][4 + j];
+          }
+          int const n = row0 + g + 8 * (j >> 1), tok = 2 * q + (j & 1);
+          if (tok < ntok && n < rows) {
+            hb[static_cast<int64_t>(t0 + tok) * rows + word_order(n)] =
+                __float2bfloat16_rn(silu(gv) * uv);
+          }
+        }
+      }
+      __syncthreads();  // partial is reused by the next token tile
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int const n = row0 + m * kMmaTileRows + g + 8 * (j >> 1), tok = 2 * q + (j & 1);
+          if (tok < ntok && n < rows) {
+            plan.out[static_cast<int64_t>(plan.sorted[t0 + tok]) * rows + n] = acc[m][j];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <bool kOneScale>
+inline Status moe_experts_launch_int4(MoeExpertsParams const& p, Plan const& plan,
+                                      cudaStream_t stream) {
+  dim3 const gate_up_grid(ceil_div(p.inter, kMmaTileRows), plan.slots);
+  moe_experts_int4_mma_kernel<true, kOneScale><<<gate_up_grid, kMmaWarps * 32, 0, stream>>>(p, plan);
+  SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_int4_mma_kernel<gate_up>"));
+  dim3 const down_grid(ceil_div(p.hidden, kMmaWarps * kDownRowsPerWarp), plan.slots);
+  moe_experts_int4_mma_kernel<false, kOneScale><<<down_grid, kMmaWarps * 32, 0, stream>>>(p, plan);
+  return cuda_launch_status("moe_experts_int4_mma_kernel<down>");
+}
+
+// ---- last: y = sum_k weights * out, in k order ----
 static __global__ void __launch_bounds__(kCombineThreads)
     moe_experts_combine_kernel(__grid_constant__ MoeExpertsParams const p,
                                __grid_constant__ Plan const plan) {
@@ -457,6 +627,7 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   plan.sorted = reinterpret_cast<int32_t*>(ws + l.sorted);
   plan.h = reinterpret_cast<float*>(ws + l.h);
   plan.out = reinterpret_cast<float*>(ws + l.out);
+  plan.xb = ws + l.xb;
   plan.slots = std::min(p.experts, n);
   plan.group_shift = -1;
   if (p.w.int4) {
@@ -467,7 +638,13 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   d::moe_experts_group_kernel<<<1, d::kGroupWarps * 32, 0, stream>>>(p, plan);
   SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_group_kernel"));
   if (p.w.int4) {
-    SPECDEC_RETURN_IF_ERROR(d::moe_experts_launch_rows<d::Int4Format>(p, plan, stream));
+    int64_t const words = static_cast<int64_t>(p.tokens) * (p.hidden / 8);
+    d::moe_experts_to_bf16_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+        p.x, static_cast<__nv_bfloat16*>(plan.xb), words);
+    SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_to_bf16_kernel"));
+    SPECDEC_RETURN_IF_ERROR(plan.group_shift >= 5
+                                ? d::moe_experts_launch_int4<true>(p, plan, stream)
+                                : d::moe_experts_launch_int4<false>(p, plan, stream));
   } else {
     SPECDEC_RETURN_IF_ERROR(d::moe_experts_launch_rows<d::Bf16Format>(p, plan, stream));
   }

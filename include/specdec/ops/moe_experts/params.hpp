@@ -35,7 +35,10 @@
 // points to 16-byte aligned (the kernels read weights with 128-bit loads; cudaMalloc gives 256,
 // and tensors packed into one arena keep it when each starts at a multiple of 16 bytes). The
 // workspace holds: offsets int32 [E + 1], active int32 [min(E, T*K)], sorted int32 [T*K],
-// h float [T*K, I], out float [T*K, H] (layout below).
+// h float [T*K, I], out float [T*K, H], xb bf16 [T, H] (layout below).
+// Numerics: the CUDA INT4 path multiplies on tensor cores with bf16 operands (x, each dequantised
+// weight and h rounded to bf16, fp32 sums), as a bf16 GEMM over the dequantised weights does;
+// the CPU path and the CUDA bf16 path multiply the exact values in float / double.
 #pragma once
 
 #include <algorithm>
@@ -85,9 +88,11 @@ struct MoeExpertsParams {
 //   sorted  [T*K] int32         assignment indices a = t*K + k grouped by expert, stable in a
 //                               (assignments with an id outside [0, E) are left out)
 //   h       [T*K, I] float      silu(gate x) * up x of the assignment at each sorted position
+//                               (INT4: bf16 [T*K, I], kernel.cuh's word order)
 //   out     [T*K, H] float      down h of each assignment a (by a, not by sorted position)
+//   xb      [T, H] bf16         x as the INT4 path's tensor-core operand (kernel.cuh)
 struct MoeExpertsWorkspaceLayout {
-  size_t offsets = 0, active = 0, sorted = 0, h = 0, out = 0;
+  size_t offsets = 0, active = 0, sorted = 0, h = 0, out = 0, xb = 0;
   size_t bytes = 0;  // total
 };
 
@@ -108,6 +113,8 @@ inline MoeExpertsWorkspaceLayout moe_experts_workspace_layout(int tokens, int to
   at += up(n * nn(inter) * sizeof(float));
   l.out = at;
   at += up(n * nn(hidden) * sizeof(float));
+  l.xb = at;
+  at += up(nn(tokens) * nn(hidden) * sizeof(uint16_t));
   l.bytes = at;
   return l;
 }

@@ -7,6 +7,9 @@
 // h = silu(g) * u is computed in double and rounded to float (the kernel's h is a float too);
 // the down dot product accumulates in double over the float h and stays double; y[t, j] sums
 // weights[t, k] * down_k in double in k order and is rounded to float once.
+// bf16_operands (the oracle of the CUDA INT4 path, which multiplies on tensor cores): x, each
+// dequantized weight (nibble - 8) * scale and h are rounded to bf16 (nearest even) before their
+// dot products; everything else as above.
 // An id outside [0, E) is an error naming the token, the slot and the id (y untouched).
 #pragma once
 
@@ -54,9 +57,13 @@ inline void matvec_double(std::vector<float> const& W, int64_t rows, int64_t col
   }
 }
 
+inline void round_to_bf16(std::vector<float>* v) {
+  for (float& f : *v) f = bf16_to_float(float_to_bf16(f));
+}
+
 }  // namespace moe_experts_ref
 
-inline Status moe_experts_cpu(MoeExpertsParams const& p) {
+inline Status moe_experts_cpu(MoeExpertsParams const& p, bool bf16_operands = false) {
   int64_t const T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, K = p.top_k;
   int64_t const N = T * K;
   for (int64_t a = 0; a < N; ++a) {
@@ -71,7 +78,7 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p) {
   std::vector<double> down_out(static_cast<size_t>(N * H));  // per assignment a = t*K + k
   std::vector<float> G, U, D;
   std::vector<double> g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
-  std::vector<float> h(static_cast<size_t>(I));
+  std::vector<float> h(static_cast<size_t>(I)), xt;
   for (int64_t e = 0; e < E; ++e) {
     bool used = false;
     for (int64_t a = 0; a < N && !used; ++a) used = p.ids[a] == e;
@@ -85,6 +92,9 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p) {
       moe_experts_ref::int4_to_float(w.gate_packed[e], w.gate_scale[e], I, H, w.group_size, &G);
       moe_experts_ref::int4_to_float(w.up_packed[e], w.up_scale[e], I, H, w.group_size, &U);
       moe_experts_ref::int4_to_float(w.down_packed[e], w.down_scale[e], H, I, w.group_size, &D);
+      if (bf16_operands) {
+        for (std::vector<float>* m : {&G, &U, &D}) moe_experts_ref::round_to_bf16(m);
+      }
     } else {
       if (!w.gate[e] || !w.up[e] || !w.down[e]) {
         return Status::InvalidArgument(which + "bf16 matrices include a null pointer");
@@ -95,14 +105,16 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p) {
     }
     for (int64_t a = 0; a < N; ++a) {
       if (p.ids[a] != e) continue;
-      float const* xt = p.x + (a / K) * H;
-      moe_experts_ref::matvec_double(G, I, H, xt, g.data());
-      moe_experts_ref::matvec_double(U, I, H, xt, u.data());
+      xt.assign(p.x + (a / K) * H, p.x + (a / K + 1) * H);
+      if (bf16_operands) moe_experts_ref::round_to_bf16(&xt);
+      moe_experts_ref::matvec_double(G, I, H, xt.data(), g.data());
+      moe_experts_ref::matvec_double(U, I, H, xt.data(), u.data());
       for (int64_t n = 0; n < I; ++n) {
         double const gn = g[static_cast<size_t>(n)];
         h[static_cast<size_t>(n)] =
             static_cast<float>(gn / (1.0 + std::exp(-gn)) * u[static_cast<size_t>(n)]);
       }
+      if (bf16_operands) moe_experts_ref::round_to_bf16(&h);
       moe_experts_ref::matvec_double(D, H, I, h.data(), down_out.data() + a * H);
     }
   }
