@@ -4,7 +4,7 @@
 # the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|step]... [--bench-filter REGEX]
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
@@ -18,6 +18,12 @@
 # chain of 4: tokens/s, accept length and the time per verify of each phase (their ratio: the
 # accept length at which a chain of 4 pays on this model); with 2+ GPUs visible, both again at
 # --tp-size = the GPU count (tokens compared with one GPU's).
+# step (not in all): specdec_bench_kimi_step, one forward step of the kimi-k2.5-1gpu preset (real
+# dimensions, 61 layers, 64 INT4 experts per layer: ~118 GB drawn on the GPU, one H200) at
+# --context 1024: decode at batch 1 / 8 / 32 and verify of chains and trees, each beside its floor
+# (bytes it must read / the copy bandwidth measured in the same run), with projected speedups; its
+# markdown tables go to the summary, its JSON to $OUT/kimi_step.json.
+# kimi and step alone (in any mix) build only their binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on the shared multi-GPU hosts (the machines set it; so does this).
@@ -27,13 +33,22 @@ while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
     all) stages+=(tests parity bench engine tp); shift ;;
-    tests|parity|bench|engine|tp|kimi) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi; --bench-filter REGEX)" >&2; exit 2 ;;
+    tests|parity|bench|engine|tp|kimi|step) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi step; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
 wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
-only_kimi=; [ "${stages[*]}" = kimi ] && only_kimi="--target specdec-kimi"  # the binary alone
+# Only kimi / step stages: build their binaries alone.
+only_targets=()
+for stage in "${stages[@]}"; do
+  case $stage in
+    kimi) only_targets+=(specdec-kimi) ;;
+    step) only_targets+=(specdec_bench_kimi_step) ;;
+    *) only_targets=(); break ;;
+  esac
+done
+[ ${#only_targets[@]} -gt 0 ] && only_targets=(--target $(printf "%s\n" "${only_targets[@]}" | sort -u))
 OUT=${OUT:-$PWD/device-out}
 logs=$(mktemp -d)
 mkdir -p "$OUT"
@@ -49,7 +64,7 @@ cat "$logs/gpu.txt" > "$summary"
 start=$SECONDS
 cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_CUDA_FLAGS="-Xptxas -v" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log" >> "$summary"; exit 1; }
-if ! timeout "${SPECDEC_BUILD_SECONDS:-420}" cmake --build $build -j "$(nproc)" $only_kimi > "$logs/build.log" 2>&1; then
+if ! timeout "${SPECDEC_BUILD_SECONDS:-420}" cmake --build $build -j "$(nproc)" "${only_targets[@]}" > "$logs/build.log" 2>&1; then
   { echo "BUILD FAILED"; grep -E "error|Error" -A3 "$logs/build.log" | head -60; } >> "$summary"; exit 1
 fi
 echo "build: $((SECONDS - start)) s" >> "$summary"
@@ -112,6 +127,16 @@ PY
     { echo "--- kimi FAILED"; tail -5 "$logs/kimi.log"; } >> "$summary"; status=1
   fi
   rm -rf "$dir"
+fi
+if wants step; then
+  if timeout "${SPECDEC_STEP_SECONDS:-400}" $build/benchmarks/specdec_bench_kimi_step \
+       --json "$logs/kimi_step.json" --markdown "$logs/kimi_step.md" > "$logs/kimi_step.txt" 2>&1; then
+    { echo "--- step"; grep -E "^(copy floor|weights|KV cache|GPU memory):" "$logs/kimi_step.txt";
+      cat "$logs/kimi_step.md"; } >> "$summary"
+    cp "$logs/kimi_step.json" "$OUT/"
+  else
+    { echo "--- step FAILED ($?)"; tail -20 "$logs/kimi_step.txt"; } >> "$summary"; status=1
+  fi
 fi
 if wants tp; then
   ngpu=$(nvidia-smi -L | wc -l)

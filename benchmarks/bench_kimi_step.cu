@@ -1,0 +1,616 @@
+// specdec_bench_kimi_step: one forward step of a Kimi-K2.5-shaped model on one H200, each beside
+// its memory floor, in one run (scripts/device_run.sh step). The model is the kimi-k2.5-1gpu preset
+// (model/kimi/random_checkpoint.hpp: Kimi-K2.5's real dimensions, 61 layers, hidden 7168, MLA 64
+// heads, top-8 of 64 routed experts per layer in INT4 group 32, bf16 elsewhere, vocab 163840;
+// ~118 GB) with random weights drawn on the GPU (generate_kimi_cuda_model: nothing on disk). Every
+// request holds --context committed cache slots of random entries (appended without a prefill: a
+// 61-layer prefill of 32 x 1024 tokens would take minutes); after each call the requests are
+// truncated back to --context, so every call sees the same cache.
+// Steps (T = tokens of the forward; LogitsMode::kFull, as the one-GPU engine runs a greedy batch):
+//   decode B=1, 8, 32       kimi_decode, one token for each of B requests (T = B)
+//   verify chain N          kimi_verify at batch 1, N = 2, 4, 8, 16 nodes in a chain (root
+//                           included; node i's parent i - 1)
+//   verify tree N (k-ary)   kimi_verify at batch 1 of breadth-first top-k trees, node i's parent
+//                           (i - 1) / k: N = 16, k = 4 (levels 1+4+11); N = 32, k = 4
+//                           (1+4+16+11); N = 64, k = 8 (1+8+55)
+// Verify positions are context + depth, the mask the packed ancestor-or-self rows tree_build
+// writes (ops/tree_build/params.hpp's helpers).
+// Time: CUDA events around one eager forward call, median / min / max over --reps calls after 3
+// warm-up calls. The forward is not graph-capturable yet (it uploads its batch metadata from the
+// host), so the time includes its host-side launch work; "host ms" is the median time until the
+// call returns on the host (close to the event time when the launches, not the GPU, are the bound).
+// Floor = bytes the forward must read / the device-to-device copy bandwidth measured in the same
+// run (bench_copy_floor.cu's: a 1 GiB cudaMemcpyAsync, bytes read + written, median). Bytes read =
+// model.weight_bytes - the whole embedding table - every routed expert + T embedding rows +
+// E (1 - (1 - k/E)^T) experts per MoE layer (the expected distinct experts T tokens choose, k of
+// E each, under uniform random routing: an estimate; exactly k at T = 1) x the bytes of one expert
+// (INT4 [out, in]: out * in / 2 packed + out * (in / group) * 2 scale bytes) + the cache rows
+// attention reads (fp32 entries of kv_lora_rank + rope = 576 floats per token and layer; each
+// request its context and its own tokens). The logits written are not counted.
+// Ratios: each step's time / decode B=1's, and projected speedups accept_length x t(decode B=1) /
+// t(verify) for accept lengths 1.5 .. 4 (the draft's cost not included: no Kimi-size draft here).
+// Output: the configuration, weight generation time and model.weight_bytes, then markdown tables
+// on stdout (also --markdown FILE) and every number as JSON (--json FILE).
+//   specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S]
+//                           [--json FILE] [--markdown FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specdec/core/cuda.cuh"
+#include "specdec/core/status.hpp"
+#include "specdec/core/tree.hpp"
+#include "specdec/io/hf_config.hpp"
+#include "specdec/model/kimi/forward_cuda.cuh"
+#include "specdec/model/kimi/random_checkpoint.hpp"
+#include "specdec/model/kimi/random_device.cuh"
+#include "specdec/ops/tree_build/params.hpp"
+#include "support/bench.cuh"
+#include "support/testing.hpp"
+
+namespace {
+
+using specdec::Status;
+using specdec::bench::check_cuda;
+namespace io = specdec::io;
+namespace kimi = specdec::model::kimi;
+
+constexpr char kPreset[] = "kimi-k2.5-1gpu";
+constexpr int kWarmupCalls = 3;
+constexpr int kPageSize = 64;
+constexpr int kMaxBatch = 32;  // requests in the cache: the largest decode batch
+constexpr int kMaxNodes = 64;  // slots each request may grow by: the largest verify
+constexpr size_t kCopyBytes = size_t{1} << 30;
+constexpr double kAcceptLengths[] = {1.5, 2.0, 2.5, 3.0, 3.5, 4.0};
+constexpr uint64_t kCacheDrawKey = 0x6b762d6361636865ull;  // mixed with --seed
+
+struct Options {
+  std::optional<int> num_layers;  // the preset's 61 when unset
+  int context = 1024;
+  int reps = 20;
+  uint64_t seed = 1;
+  std::string json_path, markdown_path;
+};
+
+template <class... Args>
+std::string format(char const* fmt, Args... args) {
+  int const n = std::snprintf(nullptr, 0, fmt, args...);
+  std::string s(static_cast<size_t>(std::max(n, 0)), '\0');
+  std::snprintf(s.data(), s.size() + 1, fmt, args...);
+  return s;
+}
+
+void require(Status const& s, char const* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "specdec_bench_kimi_step: %s: %s\n", what, s.to_string().c_str());
+  std::exit(1);
+}
+
+constexpr char kUsage[] =
+    "usage: specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S] "
+    "[--json FILE] [--markdown FILE]\n";
+
+[[noreturn]] void usage(char const* problem) {
+  std::fprintf(stderr, "specdec_bench_kimi_step: %s\n%s", problem, kUsage);
+  std::exit(2);
+}
+
+Options parse_flags(int argc, char** argv) {
+  Options o;
+  auto integer = [&](int& i, long long lo, long long hi) -> long long {
+    std::string const flag = argv[i];
+    if (i + 1 >= argc) usage((flag + " needs a value").c_str());
+    char* end = nullptr;
+    long long const v = std::strtoll(argv[++i], &end, 10);
+    if (*argv[i] == '\0' || *end != '\0' || v < lo || v > hi) {
+      usage((flag + " " + argv[i] + ": want an integer in [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]")
+                .c_str());
+    }
+    return v;
+  };
+  auto text = [&](int& i) -> std::string {
+    if (i + 1 >= argc) usage((std::string(argv[i]) + " needs a value").c_str());
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    } else if (a == "--num-layers") {
+      o.num_layers = static_cast<int>(integer(i, 1, 1000));
+    } else if (a == "--context") {
+      o.context = static_cast<int>(integer(i, 0, 1 << 20));
+    } else if (a == "--reps") {
+      o.reps = static_cast<int>(integer(i, 1, 100000));
+    } else if (a == "--seed") {
+      o.seed = static_cast<uint64_t>(integer(i, 0, INT64_MAX));
+    } else if (a == "--json") {
+      o.json_path = text(i);
+    } else if (a == "--markdown") {
+      o.markdown_path = text(i);
+    } else {
+      usage(("unknown argument '" + a + "'").c_str());
+    }
+  }
+  return o;
+}
+
+// The preset's config with Kimi-K2.5's INT4 experts (in text_config, where
+// write_random_checkpoint puts it for the nested form).
+io::DeepseekV3Config preset_config(Options const& o) {
+  nlohmann::json j;
+  require(kimi::kimi_preset_config(kPreset, o.num_layers, &j), "kimi_preset_config");
+  j["text_config"]["quantization_config"] = kimi::kimi_int4_quantization_config();
+  io::DeepseekV3Config c;
+  require(io::parse_config(j.dump(), kPreset, &c), "parse_config");
+  return c;
+}
+
+// What one forward over T tokens must read, from the config and the model's weight bytes.
+struct ByteModel {
+  uint64_t weight_bytes = 0;     // model.weight_bytes (the device arena)
+  uint64_t embedding_bytes = 0;  // the whole table [V, H] bf16
+  uint64_t expert_bytes = 0;     // one routed expert: gate, up [M, H], down [H, M]
+  uint64_t routed_bytes = 0;     // every routed expert of every MoE layer
+  uint64_t rest_bytes = 0;       // weight_bytes - embedding - routed: read whole by every forward
+  uint64_t embedding_row_bytes = 0;
+  uint64_t cache_row_bytes = 0;  // one token's cache entries over all layers (fp32)
+  int experts = 0, top_k = 0, moe_layers = 0;
+
+  static uint64_t linear_bytes(io::DeepseekV3Config const& c, int64_t out, int64_t in) {
+    if (!c.quantization) return static_cast<uint64_t>(out * in * 2);
+    int64_t const g = c.quantization->group_size;
+    return static_cast<uint64_t>(out * in / 2 + out * (in / g) * 2);
+  }
+
+  static ByteModel of(io::DeepseekV3Config const& c, uint64_t weight_bytes) {
+    ByteModel b;
+    int64_t const H = c.hidden_size, M = c.moe_intermediate_size;
+    b.weight_bytes = weight_bytes;
+    b.embedding_row_bytes = static_cast<uint64_t>(H) * 2;
+    b.embedding_bytes = static_cast<uint64_t>(c.vocab_size) * b.embedding_row_bytes;
+    b.expert_bytes = 2 * linear_bytes(c, M, H) + linear_bytes(c, H, M);
+    b.experts = c.n_routed_experts;
+    b.top_k = c.num_experts_per_tok;
+    b.moe_layers = c.num_moe_layers();
+    b.routed_bytes = b.expert_bytes * static_cast<uint64_t>(b.experts) * b.moe_layers;
+    b.cache_row_bytes = static_cast<uint64_t>(c.num_hidden_layers) *
+                        (c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
+    if (b.embedding_bytes + b.routed_bytes > weight_bytes) {
+      require(Status::Internal(format("embedding %llu + routed experts %llu bytes exceed the "
+                                      "model's %llu weight bytes",
+                                      (unsigned long long)b.embedding_bytes,
+                                      (unsigned long long)b.routed_bytes,
+                                      (unsigned long long)weight_bytes)),
+              "byte model");
+    }
+    b.rest_bytes = weight_bytes - b.embedding_bytes - b.routed_bytes;
+    return b;
+  }
+  // Expected distinct experts per MoE layer when T tokens each choose k of E uniformly.
+  double distinct_experts(int64_t tokens) const {
+    double const E = experts;
+    return E * (1.0 - std::pow(1.0 - top_k / E, static_cast<double>(tokens)));
+  }
+  // Bytes read by a forward over `tokens` tokens whose attention reads `cache_rows` cache slots.
+  double bytes(int64_t tokens, int64_t cache_rows) const {
+    return static_cast<double>(rest_bytes) + static_cast<double>(tokens * embedding_row_bytes) +
+           distinct_experts(tokens) * static_cast<double>(expert_bytes) * moe_layers +
+           static_cast<double>(cache_rows) * static_cast<double>(cache_row_bytes);
+  }
+};
+
+struct Timing {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  double host_ms = 0;  // median time until the call returned on the host
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t const n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times `call` (which enqueues work on `stream`) with CUDA events, kWarmupCalls untimed calls then
+// `reps` timed ones; `reset` runs after each call, outside the timed span.
+template <class Call, class Reset>
+Timing time_calls(cudaStream_t stream, int reps, Call&& call, Reset&& reset) {
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> device_ms, host_ms;
+  for (int i = 0; i < kWarmupCalls + reps; ++i) {
+    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    auto const t0 = std::chrono::steady_clock::now();
+    call();
+    auto const t1 = std::chrono::steady_clock::now();
+    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "the timed call");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    reset();
+    if (i < kWarmupCalls) continue;
+    device_ms.push_back(ms);
+    host_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  check_cuda(cudaEventDestroy(start), "cudaEventDestroy");
+  check_cuda(cudaEventDestroy(stop), "cudaEventDestroy");
+  Timing t;
+  t.median_ms = median(device_ms);
+  t.min_ms = *std::min_element(device_ms.begin(), device_ms.end());
+  t.max_ms = *std::max_element(device_ms.begin(), device_ms.end());
+  t.host_ms = median(host_ms);
+  return t;
+}
+
+nlohmann::json to_json(Timing const& t) {
+  return {{"median_ms", t.median_ms},
+          {"min_ms", t.min_ms},
+          {"max_ms", t.max_ms},
+          {"host_ms", t.host_ms}};
+}
+
+// The memory floor's bandwidth: bytes read + written per second by a 1 GiB device-to-device copy.
+struct CopyFloor {
+  Timing time;
+  double bytes_per_s = 0;
+};
+
+CopyFloor measure_copy_floor(cudaStream_t stream, int reps) {
+  specdec::DeviceBuffer<unsigned char> src(kCopyBytes), dst(kCopyBytes);
+  if (src.data() == nullptr || dst.data() == nullptr) {
+    require(Status::CudaError("cudaMalloc of 2 x 1 GiB failed"), "copy floor");
+  }
+  check_cuda(cudaMemset(src.data(), 0x5a, kCopyBytes), "cudaMemset");
+  CopyFloor f;
+  f.time = time_calls(
+      stream, reps,
+      [&] {
+        check_cuda(
+            cudaMemcpyAsync(dst.data(), src.data(), kCopyBytes, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
+      },
+      [] {});
+  f.bytes_per_s = 2.0 * kCopyBytes / (f.time.median_ms * 1e-3);
+  return f;
+}
+
+// One timed step: a decode of `batch` requests, or a verify at batch 1 of the tree `parents`.
+struct StepShape {
+  std::string name;
+  bool verify = false;
+  int batch = 1;                 // requests
+  int nodes = 1;                 // tokens per request
+  std::vector<int32_t> parents;  // verify: parents[0] = -1, parents[i] < i
+  std::string levels;            // verify: nodes per depth, e.g. "1+4+11"
+  int depth = 0;                 // verify: the deepest node's depth
+  int64_t tokens() const { return int64_t{batch} * nodes; }
+  // Most tokens one verify of this shape can commit: the accepted path root..leaf.
+  int max_accept() const { return depth + 1; }
+};
+
+StepShape decode_shape(int batch) {
+  StepShape s;
+  s.name = "decode B=" + std::to_string(batch);
+  s.batch = batch;
+  return s;
+}
+
+// The breadth-first tree of `nodes` nodes in which every node has `branching` children (node i's
+// parent (i - 1) / branching; branching 1 is a chain).
+StepShape verify_shape(int nodes, int branching) {
+  StepShape s;
+  s.verify = true;
+  s.nodes = nodes;
+  s.parents.assign(static_cast<size_t>(nodes), -1);
+  std::vector<int> per_depth;
+  for (int i = 0; i < nodes; ++i) {
+    if (i > 0) s.parents[static_cast<size_t>(i)] = (i - 1) / branching;
+    int const d = specdec::ops::tree_node_depth(s.parents.data(), i);
+    if (d >= static_cast<int>(per_depth.size())) per_depth.push_back(0);
+    ++per_depth[static_cast<size_t>(d)];
+    s.depth = std::max(s.depth, d);
+  }
+  for (size_t d = 0; d < per_depth.size(); ++d) {
+    s.levels += (d ? "+" : "") + std::to_string(per_depth[d]);
+  }
+  s.name = branching == 1 ? "verify chain " + std::to_string(nodes)
+                          : "verify tree " + std::to_string(nodes) + " (" +
+                                std::to_string(branching) + "-ary " + s.levels + ")";
+  return s;
+}
+
+struct StepResult {
+  StepShape shape;
+  Timing time;
+  int64_t cache_rows = 0;  // cache slots attention reads (every request's context + own tokens)
+  double experts_per_layer = 0, bytes = 0, floor_ms = 0;
+};
+
+// Runs `shape` on requests 0.. of `cache` (each holding `context` committed slots), `reps` times.
+StepResult run_step(StepShape const& shape, kimi::KimiCudaModel& model, kimi::KimiCudaCache& cache,
+                    int context, int reps, specdec::testing::Rng& rng, cudaStream_t stream) {
+  int64_t const V = model.config.vocab_size;
+  std::vector<kimi::RequestId> ids(static_cast<size_t>(shape.batch));
+  for (int b = 0; b < shape.batch; ++b) ids[static_cast<size_t>(b)] = b;
+  // Token ids uniform in [0, V) (tests/support/kimi_model.hpp's random_tokens, which a binary
+  // without doctest cannot include).
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> tokens(static_cast<size_t>(shape.tokens()));
+  for (int32_t& t : tokens) t = token(rng);
+  // Verify rows: positions context + depth, ancestor-or-self masks.
+  int const words = specdec::mask_words(shape.nodes);
+  std::vector<int32_t> positions;
+  std::vector<uint32_t> mask;
+  if (shape.verify) {
+    mask.assign(static_cast<size_t>(shape.nodes * words), 0u);
+    for (int i = 0; i < shape.nodes; ++i) {
+      specdec::ops::tree_write_mask_row(shape.parents.data(), i, words,
+                                        mask.data() + static_cast<size_t>(i * words));
+      positions.push_back(context + specdec::ops::tree_node_depth(shape.parents.data(), i));
+    }
+  }
+  kimi::CudaForwardOutput out;
+  specdec::CudaExecutor const exec{stream};
+  auto forward = [&] {
+    if (shape.verify) {
+      require(kimi::kimi_verify(exec, model, &cache.table, ids, shape.nodes, tokens, positions,
+                                mask, {}, &out, kimi::LogitsMode::kFull),
+              shape.name.c_str());
+    } else {
+      require(kimi::kimi_decode(exec, model, &cache.table, ids, tokens, {}, &out,
+                                kimi::LogitsMode::kFull),
+              shape.name.c_str());
+    }
+  };
+  // Decode appended a slot, verify staged its nodes: truncating to the context undoes either.
+  auto back_to_context = [&] {
+    for (kimi::RequestId id : ids) require(cache.table.truncate(id, context), "MlaCache::truncate");
+  };
+  StepResult r;
+  r.shape = shape;
+  r.time = time_calls(stream, reps, forward, back_to_context);
+  r.cache_rows = int64_t{shape.batch} * (context + shape.nodes);
+  return r;
+}
+
+std::string gb(double bytes) { return format("%.2f", bytes * 1e-9); }
+
+struct Report {
+  std::string markdown;
+  nlohmann::json json;
+};
+
+Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& bm,
+              double generation_s, uint64_t cache_bytes, CopyFloor const& copy,
+              std::vector<StepResult> const& steps) {
+  Report rep;
+  std::string& md = rep.markdown;
+  double const decode_ms = steps.front().time.median_ms;  // decode B=1
+  md += "## Kimi-K2.5-shaped forward step on one GPU (specdec_bench_kimi_step)\n\n";
+  md += io::describe(c) + "\n\n";
+  md +=
+      format("- context %d tokens per request; %d timed calls after %d warm-up calls; seed %llu\n",
+             o.context, o.reps, kWarmupCalls, (unsigned long long)o.seed);
+  md += format(
+      "- weights %s GB (model.weight_bytes %llu) drawn on the GPU in %.1f s: routed "
+      "experts %s GB (%d x %d MoE layers x %.2f MB), embedding %s GB, the rest %s GB\n",
+      gb(double(bm.weight_bytes)).c_str(), (unsigned long long)bm.weight_bytes, generation_s,
+      gb(double(bm.routed_bytes)).c_str(), bm.experts, bm.moe_layers, bm.expert_bytes * 1e-6,
+      gb(double(bm.embedding_bytes)).c_str(), gb(double(bm.rest_bytes)).c_str());
+  md += format(
+      "- KV cache %s GB of fp32 entries; copy floor %.0f GB/s (cudaMemcpyAsync device to "
+      "device of 1 GiB, bytes read + written, median)\n",
+      gb(double(cache_bytes)).c_str(), copy.bytes_per_s * 1e-9);
+  md +=
+      "- floor = bytes the forward must read / copy floor: the weights less the embedding table "
+      "and the routed experts, + T embedding rows, + E(1 - (1 - k/E)^T) experts per MoE layer "
+      "(expected distinct experts of T tokens: an estimate for random routing), + the cache "
+      "rows attention reads (each request's context + its own tokens)\n";
+  md +=
+      "- time: CUDA events around one eager forward call (LogitsMode::kFull), host launch "
+      "work and the metadata upload included (the forward is not graph-capturable yet); host ms "
+      "= time until the call returns\n\n";
+  md +=
+      "| step | T | median ms | min ms | max ms | host ms | experts / layer | bytes GB | "
+      "floor ms | floor / time | time / decode B=1 |\n";
+  md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  nlohmann::json js = nlohmann::json::array();
+  for (StepResult const& r : steps) {
+    Timing const& t = r.time;
+    double const fraction = r.floor_ms / t.median_ms, ratio = t.median_ms / decode_ms;
+    md += format("| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.2f | %s | %.3f | %.3f | %.3f |\n",
+                 r.shape.name.c_str(), (long long)r.shape.tokens(), t.median_ms, t.min_ms, t.max_ms,
+                 t.host_ms, r.experts_per_layer, gb(r.bytes).c_str(), r.floor_ms, fraction, ratio);
+    nlohmann::json s = {{"name", r.shape.name},
+                        {"kind", r.shape.verify ? "verify" : "decode"},
+                        {"batch", r.shape.batch},
+                        {"nodes", r.shape.nodes},
+                        {"tokens", r.shape.tokens()},
+                        {"time", to_json(t)},
+                        {"cache_rows", r.cache_rows},
+                        {"cache_bytes_read", double(r.cache_rows) * double(bm.cache_row_bytes)},
+                        {"expected_experts_per_layer", r.experts_per_layer},
+                        {"bytes", r.bytes},
+                        {"floor_ms", r.floor_ms},
+                        {"fraction_of_floor", fraction},
+                        {"time_over_decode_b1", ratio}};
+    if (r.shape.verify) {
+      s["parents"] = r.shape.parents;
+      s["levels"] = r.shape.levels;
+      s["depth"] = r.shape.depth;
+    }
+    js.push_back(std::move(s));
+  }
+  md +=
+      "\nProjected speedup at batch 1 = accept length x t(decode B=1) / t(verify). The draft's "
+      "cost is not included yet (no Kimi-size draft is measured in this binary); \"-\": more "
+      "tokens than one verify of the shape can accept (its depth + 1).\n\n";
+  md += "| verify | max accept |";
+  for (double a : kAcceptLengths) md += format(" %.1f |", a);
+  md += "\n|---|---:|";
+  for (size_t i = 0; i < std::size(kAcceptLengths); ++i) md += "---:|";
+  md += "\n";
+  nlohmann::json projection = nlohmann::json::array();
+  for (StepResult const& r : steps) {
+    if (!r.shape.verify) continue;
+    md += format("| %s | %d |", r.shape.name.c_str(), r.shape.max_accept());
+    nlohmann::json speedups = nlohmann::json::array();
+    for (double a : kAcceptLengths) {
+      if (a > r.shape.max_accept()) {
+        md += " - |";
+        speedups.push_back(nullptr);
+        continue;
+      }
+      double const x = a * decode_ms / r.time.median_ms;
+      md += format(" %.2f |", x);
+      speedups.push_back(x);
+    }
+    md += "\n";
+    projection.push_back({{"name", r.shape.name},
+                          {"max_accept", r.shape.max_accept()},
+                          {"speedup", std::move(speedups)}});
+  }
+  rep.json = {
+      {"preset", kPreset},
+      {"config", io::describe(c)},
+      {"num_layers", c.num_hidden_layers},
+      {"context", o.context},
+      {"reps", o.reps},
+      {"warmup_calls", kWarmupCalls},
+      {"seed", o.seed},
+      {"logits_mode", "full"},
+      {"weight_generation_s", generation_s},
+      {"weight_bytes", bm.weight_bytes},
+      {"embedding_bytes", bm.embedding_bytes},
+      {"expert_bytes", bm.expert_bytes},
+      {"routed_expert_bytes", bm.routed_bytes},
+      {"rest_bytes", bm.rest_bytes},
+      {"cache_row_bytes", bm.cache_row_bytes},
+      {"kv_cache_bytes", cache_bytes},
+      {"copy_floor",
+       {{"bytes", kCopyBytes}, {"time", to_json(copy.time)}, {"bytes_per_s", copy.bytes_per_s}}},
+      {"steps", std::move(js)},
+      {"projection", {{"accept_lengths", kAcceptLengths}, {"rows", std::move(projection)}}},
+      {"notes",
+       {"bytes: rest + T embedding rows + expected distinct experts x expert bytes x MoE layers + "
+        "cache rows read; expected distinct experts E(1 - (1 - k/E)^T) is an estimate for random "
+        "routing",
+        "time: CUDA events around one eager forward call, host launch work included (the forward "
+        "is not graph-capturable yet)",
+        "projection: accept_length x t(decode B=1) / t(verify); the draft's cost is not included "
+        "(no Kimi-size draft measured in this binary); null where the accept length exceeds the "
+        "shape's depth + 1"}}};
+  return rep;
+}
+
+void write_file(std::string const& path, std::string const& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) require(Status::InvalidArgument("cannot write " + path), "output");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options const o = parse_flags(argc, argv);
+  if (!specdec::cuda_device_available()) {
+    std::printf("no CUDA device: specdec_bench_kimi_step not run\n");
+    return 0;
+  }
+  io::DeepseekV3Config const config = preset_config(o);
+  if (int64_t{o.context} + kMaxNodes > config.max_position_embeddings) {
+    usage(format("--context %d: context + %d must not exceed max_position_embeddings %lld",
+                 o.context, kMaxNodes, (long long)config.max_position_embeddings)
+              .c_str());
+  }
+  std::printf(
+      "specdec_bench_kimi_step: preset %s: %s; context %d, reps %d (+%d warm-up), seed "
+      "%llu\n",
+      kPreset, io::describe(config).c_str(), o.context, o.reps, kWarmupCalls,
+      (unsigned long long)o.seed);
+  std::fflush(stdout);
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  CopyFloor const copy = measure_copy_floor(stream, o.reps);  // before the weights fill the GPU
+  std::printf("copy floor: %.0f GB/s (1 GiB device to device, read + written, median)\n",
+              copy.bytes_per_s * 1e-9);
+
+  kimi::KimiCudaModel model;
+  auto const t0 = std::chrono::steady_clock::now();
+  require(kimi::generate_kimi_cuda_model(config, o.seed, specdec::dist::TpShard{}, nullptr, &model),
+          "generate_kimi_cuda_model");
+  double const generation_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ByteModel const bm = ByteModel::of(config, model.weight_bytes);
+  std::printf("weights: model.weight_bytes %llu (%.2f GB) generated on the GPU in %.1f s\n",
+              (unsigned long long)model.weight_bytes, model.weight_bytes * 1e-9, generation_s);
+
+  // The cache: kMaxBatch requests of up to context + kMaxNodes slots, every entry random.
+  int const pages_per_request = (o.context + kMaxNodes + kPageSize - 1) / kPageSize;
+  int const num_pages = kMaxBatch * pages_per_request;
+  kimi::KimiCudaCache cache;
+  require(kimi::KimiCudaCache::create_for(config, kPageSize, num_pages, pages_per_request, &cache),
+          "KimiCudaCache::create_for");
+  uint64_t const cache_bytes = cache.entries.size() * sizeof(float);
+  std::printf(
+      "KV cache: %d requests x %d slots (%d pages of %d) x %d layers x %llu B = %llu B "
+      "(%.2f GB)\n",
+      kMaxBatch, pages_per_request * kPageSize, pages_per_request, kPageSize,
+      config.num_hidden_layers, (unsigned long long)(bm.cache_row_bytes / config.num_hidden_layers),
+      (unsigned long long)cache_bytes, cache_bytes * 1e-9);
+  int64_t const floats = static_cast<int64_t>(cache.entries.size());
+  require(kimi::fill_random_block(cache.entries.data(),
+                                  kimi::RandomDraw{kimi::RandomDraw::Kind::kF32, 0.0f,
+                                                   std::sqrt(3.0f), o.seed ^ kCacheDrawKey},
+                                  floats, 0, 1, 0, floats, stream),
+          "fill the cache entries");
+  check_cuda(cudaStreamSynchronize(stream), "fill the cache entries");
+  for (int b = 0; b < kMaxBatch; ++b) {
+    require(cache.table.add_request(b), "MlaCache::add_request");
+    require(cache.table.append(b, o.context), "MlaCache::append");  // reserves the pages
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  std::printf("GPU memory: %.2f GB free of %.2f GB\n", free_bytes * 1e-9, total_bytes * 1e-9);
+
+  std::vector<StepShape> shapes = {decode_shape(1), decode_shape(8), decode_shape(32)};
+  for (int n : {2, 4, 8, 16}) shapes.push_back(verify_shape(n, 1));
+  shapes.push_back(verify_shape(16, 4));
+  shapes.push_back(verify_shape(32, 4));
+  shapes.push_back(verify_shape(64, 8));
+  specdec::testing::Rng rng(o.seed);
+  std::vector<StepResult> steps;
+  for (StepShape const& shape : shapes) {
+    StepResult r = run_step(shape, model, cache, o.context, o.reps, rng, stream);
+    r.experts_per_layer = bm.distinct_experts(shape.tokens());
+    r.bytes = bm.bytes(shape.tokens(), r.cache_rows);
+    r.floor_ms = r.bytes / copy.bytes_per_s * 1e3;
+    std::printf("%s: %.3f ms (median)\n", shape.name.c_str(), r.time.median_ms);
+    std::fflush(stdout);
+    steps.push_back(std::move(r));
+  }
+  check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
+
+  Report const rep = report(o, config, bm, generation_s, cache_bytes, copy, steps);
+  std::printf("\n%s", rep.markdown.c_str());
+  if (!o.markdown_path.empty()) write_file(o.markdown_path, rep.markdown);
+  if (!o.json_path.empty()) write_file(o.json_path, rep.json.dump(2) + "\n");
+  return 0;
+}
