@@ -423,8 +423,7 @@ static __global__ void __launch_bounds__(kCombineThreads)
   float const* const wml =
       reinterpret_cast<float const*>(p.workspace) + partials * G * p.kv_lora_rank;
   float4 const* const wacc = reinterpret_cast<float4 const*>(p.workspace);
-  // The loops are unrolled so the chunks' loads are in flight together (a decode's 30-odd
-  // chunks read one after another took 16 us); the sums keep chunk order.
+  // Unrolled so several chunks' loads are in flight at once; the sums keep chunk order.
   float mx = -INFINITY;
 #pragma unroll 8
   for (int64_t k = 0; k < used; ++k) mx = fmaxf(mx, wml[((first + k) * G + hl) * 2]);
