@@ -4,7 +4,7 @@
 # the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|step]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|kimi1gpu|step]... [--bench-filter REGEX]
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
@@ -23,7 +23,12 @@
 # --context 1024: decode at batch 1 / 8 / 32 and verify of chains and trees, each beside its floor
 # (bytes it must read / the copy bandwidth measured in the same run), with projected speedups; its
 # markdown tables go to the summary, its JSON to $OUT/kimi_step.json.
-# kimi and step alone (in any mix) build only their binaries.
+# kimi1gpu (not in all): the kimi-k2.5-1gpu preset whole (init-random --config-only; generate
+# --random-weights draws its 118 GB on the GPU) with a random Kimi-size EAGLE-3 draft (layers
+# 1,29,57, draft vocabulary 32000, ~2 GB written): 32 tokens plainly and with an EAGLE-3 chain of
+# 3 (4 nodes); per verify the time of each phase, and one speculative step over the plain step
+# (scripts/verify_split.py: the accept length from which the chain pays on this model).
+# kimi, kimi1gpu and step alone (in any mix) build only their binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on the shared multi-GPU hosts (the machines set it; so does this).
@@ -33,8 +38,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
     all) stages+=(tests parity bench engine tp); shift ;;
-    tests|parity|bench|engine|tp|kimi|step) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi step; --bench-filter REGEX)" >&2; exit 2 ;;
+    tests|parity|bench|engine|tp|kimi|kimi1gpu|step) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
@@ -43,7 +48,7 @@ wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 only_targets=()
 for stage in "${stages[@]}"; do
   case $stage in
-    kimi) only_targets+=(specdec-kimi) ;;
+    kimi|kimi1gpu) only_targets+=(specdec-kimi) ;;
     step) only_targets+=(specdec_bench_kimi_step) ;;
     *) only_targets=(); break ;;
   esac
@@ -110,19 +115,7 @@ if wants kimi; then
          "${gen[@]}" "${ngram[@]}" --tp-size "$ngpu" > "$logs/kimi_tp_ngram.json" 2>> "$logs/kimi.log"; }; }; then
     # Per verify: the step time with 1 node (NONE) and with 5 (n-gram chain of 4); their ratio is
     # the accept length at which a chain of 4 breaks even on this model.
-    python3 - "$logs"/kimi*.json >> "$summary" <<'PY'
-import json, sys
-first = {}
-for path in sys.argv[1:]:
-    j = json.load(open(path))
-    t = j["time_s"]
-    per = {k: 1e3 * v / max(j["verify_ct"], 1) for k, v in t.items() if k != "prefill"}
-    same = first.setdefault(j["speculative_config"], j["output_ids"]) == j["output_ids"]
-    print(j["speculative_config"], "| tp %d | same tokens as tp 1: %s" % (j.get("tp_size", 1), same),
-          "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
-          % (j["decode_tokens_per_s"], j["accept_length"],
-             ", ".join("%s %.3f" % kv for kv in per.items())))
-PY
+    python3 scripts/verify_split.py "$logs"/kimi*.json >> "$summary"
   else
     { echo "--- kimi FAILED"; tail -5 "$logs/kimi.log"; } >> "$summary"; status=1
   fi
@@ -137,6 +130,26 @@ if wants step; then
   else
     { echo "--- step FAILED ($?)"; tail -20 "$logs/kimi_step.txt"; } >> "$summary"; status=1
   fi
+fi
+if wants kimi1gpu; then
+  # kimi-k2.5-1gpu whole: its config alone on disk, the 118 GB of weights drawn on the GPU.
+  dir=$(mktemp -d)
+  kimi=$build/examples/specdec-kimi
+  gen=($kimi generate --model-path "$dir/t" --random-weights 1 --device cuda --json --ignore-eos
+       --no-self-check --max-new-tokens 32 --input-ids 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15)
+  eagle=(--speculative-algorithm EAGLE3 --speculative-draft-model-path "$dir/d"
+         --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4)
+  t0=$SECONDS
+  if $kimi init-random --preset kimi-k2.5-1gpu --int4 --config-only --out "$dir/t" \
+       --draft eagle3 --layers 1,29,57 --draft-vocab 32000 --draft-out "$dir/d" > "$logs/kimi1gpu.log" 2>&1 &&
+     echo "--- kimi-k2.5-1gpu (61 layers, 64 INT4 experts, weights on the GPU); draft written in $((SECONDS - t0)) s" >> "$summary" &&
+     "${gen[@]}" > "$logs/kimi1gpu.json" 2>> "$logs/kimi1gpu.log" &&
+     "${gen[@]}" "${eagle[@]}" > "$logs/kimi1gpu_eagle3.json" 2>> "$logs/kimi1gpu.log"; then
+    python3 scripts/verify_split.py "$logs"/kimi1gpu*.json >> "$summary"
+  else
+    { echo "--- kimi1gpu FAILED"; tail -5 "$logs/kimi1gpu.log"; } >> "$summary"; status=1
+  fi
+  rm -rf "$dir"
 fi
 if wants tp; then
   ngpu=$(nvidia-smi -L | wc -l)

@@ -16,9 +16,10 @@
 # generate --input-ids of tokenize's ids and adds "prompt_ids" and "text" (= tokenize --decode of
 # output_ids), --chat starts with <|im_user|> as tokenize --chat does. Without PCRE2, --prompt and
 # tokenize exit 1 naming PCRE2. Either way both or neither of --prompt / --input-ids exit 2.
+# init-random --config-only with generate --random-weights: see below.
 set(scratch "${DIR}-text.txt" "${DIR}-prompt.txt" "${DIR}-ids.txt" "${DIR}-special.txt"
     "${DIR}-pat")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" ${scratch})
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" ${scratch})
 function(run_kimi out_var rc_var)
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
@@ -165,6 +166,41 @@ foreach(spec "NONE" "EAGLE3;3;4;8" "EAGLE;3;1;4")
     endif()
   endforeach()
 endforeach()
+
+# --config-only writes config.json alone; --random-weights SEED draws the weights on load: the
+# same seed the same tokens, speculation lossless on that model, another seed another model; the
+# directory without --random-weights is refused naming the flag.
+run_kimi(out rc init-random --preset tiny --int4 --config-only --out "${DIR}-config")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "no tensors: load it with --random-weights SEED" OR
+   EXISTS "${DIR}-config/model.safetensors" OR NOT EXISTS "${DIR}-config/config.json")
+  message(FATAL_ERROR "init-random --config-only (${rc}): ${out}")
+endif()
+set(random generate --model-path "${DIR}-config" --input-ids 7,300,12 --max-new-tokens 9
+    --ignore-eos --json)
+set(random_ids)
+foreach(run "7;NONE" "7;NONE" "7;EAGLE3;3;1;4" "8;NONE")
+  list(POP_FRONT run seed)
+  speculative_flags(spec_flags "${run}")
+  execute_process(COMMAND "${KIMI}" ${random} --random-weights ${seed} ${spec_flags}
+                  OUTPUT_VARIABLE json ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "generate --random-weights ${seed} ${run} failed (${rc}): ${json}${err}")
+  endif()
+  string(JSON ids GET "${json}" output_ids)
+  list(APPEND random_ids "${ids}")
+endforeach()
+list(GET random_ids 0 r7)
+list(GET random_ids 1 r7_again)
+list(GET random_ids 2 r7_eagle)
+list(GET random_ids 3 r8)
+if(NOT r7 STREQUAL r7_again OR NOT r7 STREQUAL r7_eagle OR r7 STREQUAL r8)
+  message(FATAL_ERROR "--random-weights: seed 7 ${r7}, again ${r7_again}, EAGLE3 ${r7_eagle}, "
+                      "seed 8 ${r8} (expected the first three equal, the last different)")
+endif()
+run_kimi(out rc generate --model-path "${DIR}-config" --input-ids 7 --max-new-tokens 2)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "init-random --config-only\\) loads with --random-weights SEED")
+  message(FATAL_ERROR "a config-only directory without --random-weights: exit ${rc}: ${out}")
+endif()
 
 function(expect_refusal what pattern)
   run_kimi(out rc ${greedy} ${ARGN})
@@ -320,4 +356,4 @@ endif()
 
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless; "
                "${text_summary}")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" ${scratch})
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" ${scratch})

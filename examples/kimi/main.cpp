@@ -1,7 +1,7 @@
 // specdec-kimi: the Kimi-K2.5 reference binary.
 //
-//   specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S] [--int4] [--shards N]
-//                            [--num-layers L] [--repeat-period P]
+//   specdec-kimi init-random --preset tiny|kimi-k2.5|kimi-k2.5-1gpu --out DIR [--seed S] [--int4]
+//                            [--shards N] [--num-layers L] [--repeat-period P | --config-only]
 //       writes a random checkpoint (config.json + safetensors) of the preset into a new or empty
 //       DIR; --repeat-period P makes its greedy text repeat: the token after t < P is (t + 1) mod P
 //       (model/kimi/random_checkpoint.hpp), text on which n-gram drafting is exact. Also a
@@ -9,7 +9,9 @@
 //       one id per byte, and tokenizer_config.json, Kimi's special tokens at the top of the
 //       vocabulary: at 512, [BOS] 256, [EOS] 257, <|im_end|> 258, <|im_user|> 259, [PAD] 511), so
 //       every random checkpoint serves text. The checkpoint's eos is its config.json's
-//       eos_token_id (tiny: 2, a byte), not the tokenizer's [EOS]
+//       eos_token_id (tiny: 2, a byte), not the tokenizer's [EOS]. --config-only writes no
+//       tensors: generate / serve --random-weights SEED draw them when they load it (a model too
+//       large for the disk, e.g. kimi-k2.5-1gpu's 118 GB)
 //   specdec-kimi inspect --model-path DIR
 //       loads config + weights (progress bar on stderr) and prints describe(config), the tensor
 //       count and bytes, and whether the routed experts are INT4
@@ -36,6 +38,7 @@
 //                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
 //                         [--no-self-check] [--tp-size N] [--moe-split expert|tensor]
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
+//                         [--random-weights SEED]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -136,6 +139,7 @@
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
+#include "specdec/model/kimi/random_weights.hpp"
 #include "specdec/model/kimi/weights.hpp"
 
 namespace {
@@ -162,9 +166,9 @@ using ServedPolicies = specdec::PolicyList<
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: specdec-kimi init-random --preset tiny|kimi-k2.5 --out DIR [--seed S]\n"
-               "                                [--int4] [--shards N] [--num-layers L]\n"
-               "                                [--repeat-period P]\n"
+               "usage: specdec-kimi init-random --preset tiny|kimi-k2.5|kimi-k2.5-1gpu --out DIR\n"
+               "                                [--seed S] [--int4] [--shards N] [--num-layers L]\n"
+               "                                [--repeat-period P | --config-only]\n"
                "                                [--draft eagle3 --layers 0,1,2 --draft-out DIR\n"
                "                                 [--draft-vocab V] | --draft eagle --draft-out DIR]\n"
                "       specdec-kimi inspect --model-path DIR\n"
@@ -181,6 +185,7 @@ void usage(std::FILE* out) {
                "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
+               "                             [--random-weights SEED]\n"
                "       specdec-kimi serve --model-path DIR [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
                "                          [--served-model-name NAME] [--max-running-requests N]\n"
@@ -195,7 +200,10 @@ void usage(std::FILE* out) {
                "--decode the text of the ids in FILE. generate --prompt encodes TEXT with\n"
                "--tokenizer DIR (default: --model-path); the output adds \"text\" whenever a\n"
                "tokenizer is at hand. Generation stops at config.json's eos_token_id only, with\n"
-               "--chat too (<|im_end|> stops it only where the config lists it).\n");
+               "--chat too (<|im_end|> stops it only where the config lists it).\n"
+               "--random-weights SEED (generate, serve): read only --model-path's config.json and\n"
+               "draw the weights from SEED (on the GPU with --device cuda), e.g. for a directory\n"
+               "init-random --config-only wrote.\n");
 }
 
 [[noreturn]] void fail_usage(std::string const& msg) {
@@ -262,11 +270,20 @@ struct LoadedCheckpoint {
   specdec::io::SafetensorsCheckpoint ckpt;
   specdec::model::kimi::KimiWeights weights;
   bool config_loaded = false;  // config is valid even when a later step failed
+  // --random-weights SEED: no checkpoint is read. CPU: `random` holds the weights drawn on the
+  // host (weights views them); CUDA: every rank draws its shard on its GPU.
+  std::optional<uint64_t> random_seed;
+  std::optional<specdec::model::kimi::KimiRandomWeights> random;
 };
 Status load_checkpoint(std::string const& path, LoadedCheckpoint* m) {
   SPECDEC_RETURN_IF_ERROR(specdec::io::load_config(path, &m->config));
   m->config_loaded = true;
-  SPECDEC_RETURN_IF_ERROR(specdec::io::SafetensorsCheckpoint::open(path, &m->ckpt));
+  Status const opened = specdec::io::SafetensorsCheckpoint::open(path, &m->ckpt);
+  if (!opened.ok()) {
+    return Status::InvalidArgument(opened.message() +
+                                   "; a config.json alone (init-random --config-only) loads with "
+                                   "--random-weights SEED");
+  }
   specdec::io::ProgressBar bar("load " + path);
   Status const s = specdec::model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights,
                                                            bar.callback());
@@ -307,6 +324,7 @@ int init_random(int argc, char** argv) {
     else if (f.is("--draft-out")) draft_out = f.value();
     else if (f.is("--draft-vocab")) draft_options.draft_vocab_size = f.number<int>();
     else if (f.is("--repeat-period")) random_options.repeat_period = f.number<int>();
+    else if (f.is("--config-only")) random_options.config_only = true;
     else f.unknown();
   }
   if (preset.empty()) fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
@@ -337,9 +355,14 @@ int init_random(int argc, char** argv) {
       random_options.repeat_period > 0
           ? ", repeat period " + std::to_string(random_options.repeat_period)
           : "";
-  std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu%s) to %s\n", preset.c_str(),
-              int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
-              static_cast<unsigned long long>(seed), period.c_str(), out.c_str());
+  if (random_options.config_only) {
+    std::printf("wrote %s config.json (%s, no tensors: load it with --random-weights SEED) to %s\n",
+                preset.c_str(), int4 ? "INT4 experts" : "bf16", out.c_str());
+  } else {
+    std::printf("wrote %s checkpoint (%s, %d shard%s, seed %llu%s) to %s\n", preset.c_str(),
+                int4 ? "INT4 experts" : "bf16", shards, shards == 1 ? "" : "s",
+                static_cast<unsigned long long>(seed), period.c_str(), out.c_str());
+  }
   specdec::io::DeepseekV3Config target;
   s = specdec::io::load_config(out, &target);
   if (!s.ok()) return finish(s);
@@ -517,6 +540,7 @@ struct GenerateFlags {
   int tp_size = 1, nnodes = 1, node_rank = 0;
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
   std::string dist_init_addr;
+  std::optional<uint64_t> random_weights;  // --random-weights SEED
 };
 
 // The timings and speculation figures of the JSON output.
@@ -786,8 +810,25 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--nnodes")) g.nnodes = f.number<int>();
   else if (f.is("--node-rank")) g.node_rank = f.number<int>();
   else if (f.is("--dist-init-addr")) g.dist_init_addr = f.value();
+  else if (f.is("--random-weights")) g.random_weights = f.number<uint64_t>();
   else return false;
   return true;
+}
+
+// The target of the flags: --model-path's checkpoint, or with --random-weights its config.json
+// alone and weights drawn from the seed (random_weights.hpp: on the host for --device cpu, on
+// each rank's GPU for cuda).
+Status load_target(GenerateFlags const& g, LoadedCheckpoint* m) {
+  if (!g.random_weights) return load_checkpoint(g.path, m);
+  SPECDEC_RETURN_IF_ERROR(specdec::io::load_config(g.path, &m->config));
+  m->config_loaded = true;
+  m->random_seed = g.random_weights;
+  if (g.device != "cpu") return Status::Ok();
+  m->random.emplace();
+  SPECDEC_RETURN_IF_ERROR(specdec::model::kimi::KimiRandomWeights::create(
+      m->config, *g.random_weights, &*m->random, /*host_bytes=*/true));
+  m->weights = m->random->weights;
+  return Status::Ok();
 }
 
 // The ranks' sharding from the flags (rank set by each rank): --tp-size, --moe-split, and the
@@ -827,7 +868,10 @@ Status for_each_rank(GenerateFlags const& g, LoadedCheckpoint const& m,
     mine.rank = rank;
     specdec::model::kimi::KimiCudaModel target;
     SPECDEC_RETURN_IF_ERROR(
-        specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
+        m.random_seed
+            ? specdec::model::kimi::generate_kimi_cuda_model(m.config, *m.random_seed, mine, comm,
+                                                             &target)
+            : specdec::model::kimi::load_kimi_cuda_model(m.weights, m.config, mine, comm, &target));
     return fn.template operator()<specdec::CudaExecutor>(rank, &target);
   };
   if (g.tp_size == 1) return cuda_rank(0, nullptr);
@@ -917,7 +961,7 @@ int generate(int argc, char** argv) {
   s = check_speculation(target_config, &g, &kind);
   if (!s.ok()) return finish(s);
   LoadedCheckpoint m;
-  s = load_checkpoint(g.path, &m);
+  s = load_target(g, &m);
   if (!s.ok()) return finish(s);
   nlohmann::json j;
   // Every rank: its shard of the target (all of it at --tp-size 1), then the engine.
@@ -1114,7 +1158,7 @@ int serve(int argc, char** argv) {
   s = check_speculation(target_config, &g, &kind);
   if (!s.ok()) return finish(s);
   LoadedCheckpoint m;
-  s = load_checkpoint(g.path, &m);
+  s = load_target(g, &m);
   if (!s.ok()) return finish(s);
   // Every rank: its shard of the target (all of it at --tp-size 1), then serve_rank; rank 0 stops
   // the followers however it ends.

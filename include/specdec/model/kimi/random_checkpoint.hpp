@@ -40,6 +40,10 @@
 //       Costs P * H floats on top (the embedding's first P rows, drawn again): 4.7 GB for
 //       P = vocab at Kimi-K2.5's dimensions. Errors: P outside [2, vocab_size];
 //       tie_word_embeddings (lm_head is the embedding then). Nothing is written on an error.
+//     config_only  write config.json (with the quantization_config int4 adds) and no tensors:
+//       the model of a preset too large to write, whose weights the loader draws instead
+//       (random_weights.hpp; `specdec-kimi generate / serve --random-weights SEED`). Not with
+//       repeat_period.
 //
 // Values (per tensor an std::mt19937_64 seeded from (seed, tensor name), so a tensor does not
 // depend on sharding or on the other tensors; normals by Box-Muller): embedding N(0, 1); norms
@@ -94,6 +98,7 @@ inline constexpr double kRepeatHeadNorm = 4.0;
 // Options of write_random_checkpoint / write_random_preset (see the top of this file).
 struct KimiRandomOptions {
   int repeat_period = 0;  // 0: off; else in [2, vocab_size]: greedy text repeats 0, 1, .., P - 1
+  bool config_only = false;  // config.json alone: no tensors (see the top of this file)
 };
 
 // quantization_config of Kimi-K2.5 (kimi.md): INT4 group 32, only mlp.experts.* quantized.
@@ -535,6 +540,10 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
   WriteListSink sink{&entries};
   SPECDEC_RETURN_IF_ERROR(walk_kimi_schema(parsed, &scratch, sink));
   if (options.repeat_period != 0) {
+    if (options.config_only) {
+      return Status::InvalidArgument(dir + ": repeat_period edits the written tensors; a "
+                                           "config_only checkpoint has none");
+    }
     SPECDEC_RETURN_IF_ERROR(set_repeat_edits(parsed, options.repeat_period, seed, &entries));
   }
   int64_t const T = static_cast<int64_t>(entries.size());
@@ -552,6 +561,7 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
     return Status::InvalidArgument(dir + ": directory is not empty; random checkpoints are "
                                          "written only into an empty (or new) directory");
   }
+  if (options.config_only) return write_text_file(config_path, config_text);
 
   // Tensors to shards in schema order, by bytes, every shard non-empty.
   uint64_t total = 0;
