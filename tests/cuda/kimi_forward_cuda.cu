@@ -234,14 +234,17 @@ TEST_CASE("kimi layer kernels: rms_norm_rows, rope_rows, silu_mul_bf16 equal the
     }
   }
   {
-    std::vector<float> g = specdec::testing::random_logits(rng, 1, 1000, 6.0f);
-    std::vector<float> u = specdec::testing::random_logits(rng, 1, 1000, 2.0f);
-    DeviceBuffer<float> dg(g), du(u);
+    // 10 rows of 100: g and u stacked in rows of 200 (a gate / up GEMM's output).
+    std::vector<float> const gu = specdec::testing::random_logits(rng, 10, 200, 6.0f);
+    DeviceBuffer<float> dgu(gu);
     DeviceBuffer<uint16_t> dh(1000);
-    REQUIRE(kc::silu_mul_bf16(dg.data(), du.data(), 1000, dh.data(), nullptr).ok());
+    REQUIRE(kc::silu_mul_bf16(dgu.data(), dgu.data() + 100, 10, 100, 200, dh.data(), nullptr).ok());
     std::vector<uint16_t> const h = dh.download();
-    for (size_t i = 0; i < g.size(); ++i) {
-      REQUIRE(h[i] == specdec::float_to_bf16(kimi::detail::silu(g[i]) * u[i]));
+    for (size_t r = 0; r < 10; ++r) {
+      for (size_t i = 0; i < 100; ++i) {
+        float const g = gu[r * 200 + i], u = gu[r * 200 + 100 + i];
+        REQUIRE(h[r * 100 + i] == specdec::float_to_bf16(kimi::detail::silu(g) * u));
+      }
     }
   }
 }

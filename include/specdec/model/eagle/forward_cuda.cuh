@@ -967,7 +967,7 @@ inline Status draft_forward_cuda(DraftCudaModel& m, DraftCudaCache* cache, CallR
                                                   CUDA_R_32F, I, 0.0f, "gemm gate_proj"));
   SPECDEC_RETURN_IF_ERROR(kimi::detail::gemm_bf16(h, n, I, H, s.x_bf, H, m.up_proj, s.up,
                                                   CUDA_R_32F, I, 0.0f, "gemm up_proj"));
-  SPECDEC_RETURN_IF_ERROR(kimi::cuda::silu_mul_bf16(s.gate, s.up, n * I, s.h_bf, stream));
+  SPECDEC_RETURN_IF_ERROR(kimi::cuda::silu_mul_bf16(s.gate, s.up, n, I, I, s.h_bf, stream));
   return kimi::detail::gemm_bf16(h, n, H, I, s.h_bf, I, m.down_proj, res, CUDA_R_32F, H, 1.0f,
                                  "gemm down_proj");
 }

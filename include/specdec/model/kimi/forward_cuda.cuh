@@ -26,7 +26,8 @@
 //   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (batched GEMM, bf16)
 //   x += o o_proj^T (the GEMM accumulates into x)
 //   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
-//   dense: x += down(silu(xn gate^T) * (xn up^T))
+//   dense: x += down(silu(xn gate^T) * (xn up^T))   (gate / up one GEMM over stacked weights,
+//          as are q_a / kv_a: the loader places each pair in one block)
 //   MoE:   router logits = xn gate^T in fp32 (SGEMM on an fp32 copy of gate: expert choice must
 //          not hinge on bf16 rounding), ops::moe_route, ops::moe_experts (fp32 xn, bf16 or INT4
 //          experts) -> y; shared experts as dense into x; x += y
@@ -78,7 +79,7 @@ inline Status cublas_status(cublasStatus_t s, char const* what) {
 
 struct CudaMlp {
   uint16_t const* gate_proj = nullptr;  // bf16 [I, H]
-  uint16_t const* up_proj = nullptr;    // bf16 [I, H]
+  uint16_t const* up_proj = nullptr;    // bf16 [I, H] = gate_proj + I * H (one GEMM for both)
   uint16_t const* down_proj = nullptr;  // bf16 [H, I]
   int64_t inter = 0;
 };
@@ -87,7 +88,7 @@ struct CudaLayer {
   uint16_t const* input_layernorm = nullptr;           // [H]
   uint16_t const* post_attention_layernorm = nullptr;  // [H]
   bool q_lora = false;
-  uint16_t const* q_a_proj = nullptr;       // [ql, H]
+  uint16_t const* q_a_proj = nullptr;       // [ql, H], kv_a_proj_with_mqa right after it
   uint16_t const* q_a_layernorm = nullptr;  // [ql]
   uint16_t const* q_b_proj = nullptr;       // [nh*qk, ql]
   uint16_t const* q_proj = nullptr;         // [nh*qk, H]
@@ -140,7 +141,7 @@ class KimiCudaModel {
 
   // Scratch of a forward over T tokens; grown, never shrunk.
   struct Scratch {
-    float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *u, *router, *moe_y, *moe_w, *logits, *aux;
+    float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *router, *moe_y, *moe_w, *logits, *aux;
     float *part, *gathered;  // tensor parallel: a partial output [T, H]; logits slices [P, T, V/P]
     uint64_t *keys, *keys_all;  // row argmax keys [T], every rank's [P, T] (LogitsMode::kArgmax)
     int32_t* argmax;            // [T]
@@ -294,10 +295,10 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
   std::vector<std::vector<float>> floats_keep;  // fp32 conversions kept alive until copied
   std::vector<std::vector<uintptr_t>> tables_keep;
   detail::DeviceCarver carver;
-  // Rows [r0, r1) x columns [c0, c1) of the row-major [rows, cols] tensor v (elements of T).
-  auto block = [&]<class T>(TensorView const& v, int64_t rows, int64_t cols, int64_t r0,
-                            int64_t r1, int64_t c0, int64_t c1, T** dst) -> void {
-    T* d = carver.take<T>((r1 - r0) * (c1 - c0));
+  // Rows [r0, r1) x columns [c0, c1) of the row-major [*, cols] tensor v (elements of T), copied
+  // (or drawn) into d, packed.
+  auto into = [&]<class T>(TensorView const& v, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
+                           int64_t c1, T* d) -> void {
     if (carver.base && v.bytes.empty()) {
       if (RandomDraw const* draw = draw_of(v)) fills.push_back({d, *draw, cols, r0, r1, c0, c1});
     } else if (carver.base) {
@@ -305,17 +306,28 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
                         static_cast<size_t>(c1 - c0) * sizeof(T),
                         static_cast<size_t>(cols) * sizeof(T), static_cast<size_t>(r1 - r0)});
     }
+  };
+  // The same into a block of its own.
+  auto block = [&]<class T>(TensorView const& v, int64_t rows, int64_t cols, int64_t r0,
+                            int64_t r1, int64_t c0, int64_t c1, T** dst) -> void {
+    T* d = carver.take<T>((r1 - r0) * (c1 - c0));
+    into(v, cols, r0, r1, c0, c1, d);
     (void)rows;
     *dst = d;
   };
-  auto bf16_block = [&](TensorView const& v, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
-                        int64_t c0, int64_t c1, std::string const& what,
-                        uint16_t const** dst) -> Status {
+  auto check_bf16 = [&](TensorView const& v, int64_t rows, int64_t cols,
+                        std::string const& what) -> Status {
     if (v.dtype != Dtype::kBF16 || v.numel() != rows * cols) {
       return Status::Unsupported(fn + what + " is " + std::string(dtype_name(v.dtype)) + " " +
                                  io::format_shape(v.shape) + ": the CUDA executor reads bf16 [" +
                                  std::to_string(rows) + ", " + std::to_string(cols) + "]");
     }
+    return Status::Ok();
+  };
+  auto bf16_block = [&](TensorView const& v, int64_t rows, int64_t cols, int64_t r0, int64_t r1,
+                        int64_t c0, int64_t c1, std::string const& what,
+                        uint16_t const** dst) -> Status {
+    SPECDEC_RETURN_IF_ERROR(check_bf16(v, rows, cols, what));
     uint16_t* d = nullptr;
     block(v, rows, cols, r0, r1, c0, c1, &d);
     *dst = d;
@@ -337,6 +349,28 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
   };
   auto whole = [&](LinearWeights const& lw, std::string const& what, uint16_t const** dst) {
     return linear(lw, lw.out, lw.in, 0, lw.out, 0, lw.in, what, dst);
+  };
+  // Rows [a0, a1) of the bf16 linear a [ao, in] and rows [b0, b1) of b [bo, in] stacked in one
+  // block (one GEMM computes both): *da its first row, *db = *da + (a1 - a0) * in.
+  auto stacked = [&](LinearWeights const& a, int64_t ao, int64_t a0, int64_t a1,
+                     std::string const& a_what, LinearWeights const& b, int64_t bo, int64_t b0,
+                     int64_t b1, std::string const& b_what, int64_t in, uint16_t const** da,
+                     uint16_t const** db) -> Status {
+    for (auto const& [lw, what] : {std::pair{&a, &a_what}, std::pair{&b, &b_what}}) {
+      if (lw->int4) {
+        return Status::Unsupported(fn + *what + " is INT4; the CUDA executor reads INT4 only for "
+                                   "the routed experts (list the module in "
+                                   "quantization_config.ignore)");
+      }
+    }
+    SPECDEC_RETURN_IF_ERROR(check_bf16(a.weight, ao, in, a_what));
+    SPECDEC_RETURN_IF_ERROR(check_bf16(b.weight, bo, in, b_what));
+    uint16_t* d = carver.take<uint16_t>((a1 - a0 + b1 - b0) * in);
+    into(a.weight, in, a0, a1, 0, in, d);
+    into(b.weight, in, b0, b1, 0, in, d ? d + (a1 - a0) * in : nullptr);
+    *da = d;
+    *db = d ? d + (a1 - a0) * in : nullptr;
+    return Status::Ok();
   };
   auto f32 = [&](TensorView const& v, int64_t n, std::string const& what,
                  float const** dst) -> Status {
@@ -363,14 +397,14 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
     *dst = d;
     return Status::Ok();
   };
-  // gate / up rows and down columns `part` of a bf16 MLP of width inter.
+  // gate / up rows (stacked: up_proj = gate_proj + part * H) and down columns `part` of a bf16
+  // MLP of width inter.
   auto mlp = [&](MlpWeights const& mw, int64_t inter, dist::Range part, std::string const& p,
                  CudaMlp* o) -> Status {
     o->inter = part.size();
-    SPECDEC_RETURN_IF_ERROR(linear(mw.gate_proj, inter, H, part.begin, part.end, 0, H,
-                                   p + ".gate_proj", &o->gate_proj));
-    SPECDEC_RETURN_IF_ERROR(
-        linear(mw.up_proj, inter, H, part.begin, part.end, 0, H, p + ".up_proj", &o->up_proj));
+    SPECDEC_RETURN_IF_ERROR(stacked(mw.gate_proj, inter, part.begin, part.end, p + ".gate_proj",
+                                    mw.up_proj, inter, part.begin, part.end, p + ".up_proj", H,
+                                    &o->gate_proj, &o->up_proj));
     return linear(mw.down_proj, H, inter, 0, H, part.begin, part.end, p + ".down_proj",
                   &o->down_proj);
   };
@@ -405,18 +439,21 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
       SPECDEC_RETURN_IF_ERROR(bf16(l.post_attention_layernorm, p + "post_attention_layernorm",
                                    &o.post_attention_layernorm));
       o.q_lora = l.q_lora;
-      if (l.q_lora) {
+      if (l.q_lora) {  // q_a_proj and kv_a_proj_with_mqa stacked: both read xn
         int64_t const ql = *c.q_lora_rank;
-        SPECDEC_RETURN_IF_ERROR(whole(l.q_a_proj, a + "q_a_proj", &o.q_a_proj));
+        SPECDEC_RETURN_IF_ERROR(stacked(l.q_a_proj, ql, 0, ql, a + "q_a_proj",
+                                        l.kv_a_proj_with_mqa, ckv + r, 0, ckv + r,
+                                        a + "kv_a_proj_with_mqa", H, &o.q_a_proj,
+                                        &o.kv_a_proj_with_mqa));
         SPECDEC_RETURN_IF_ERROR(bf16(l.q_a_layernorm, a + "q_a_layernorm", &o.q_a_layernorm));
         SPECDEC_RETURN_IF_ERROR(linear(l.q_b_proj, nh * qk, ql, h0 * qk, h1 * qk, 0, ql,
                                        a + "q_b_proj", &o.q_b_proj));
       } else {
         SPECDEC_RETURN_IF_ERROR(
             linear(l.q_proj, nh * qk, H, h0 * qk, h1 * qk, 0, H, a + "q_proj", &o.q_proj));
+        SPECDEC_RETURN_IF_ERROR(
+            whole(l.kv_a_proj_with_mqa, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
       }
-      SPECDEC_RETURN_IF_ERROR(
-          whole(l.kv_a_proj_with_mqa, a + "kv_a_proj_with_mqa", &o.kv_a_proj_with_mqa));
       SPECDEC_RETURN_IF_ERROR(bf16(l.kv_a_layernorm, a + "kv_a_layernorm", &o.kv_a_layernorm));
       SPECDEC_RETURN_IF_ERROR(linear(l.kv_b_proj, nh * (dq + dv), ckv, h0 * (dq + dv),
                                      h1 * (dq + dv), 0, ckv, a + "kv_b_proj", &o.kv_b_proj));
@@ -573,12 +610,11 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
     s->x = cv.take<float>(T * H);
     s->xn = cv.take<float>(T * H);
     s->q = cv.take<float>(T * nh * qk);
-    s->qa = cv.take<float>(T * ql);
-    s->kva = cv.take<float>(T * W);
+    s->qa = cv.take<float>(T * (ql + W));  // [T, ql + W]: q_a | kv_a, one GEMM's output
+    s->kva = s->qa ? s->qa + ql : nullptr;
     s->qabs = cv.take<float>(T * nh * W);
     s->lat = cv.take<float>(T * nh * ckv);
-    s->g = cv.take<float>(T * inter);
-    s->u = cv.take<float>(T * inter);
+    s->g = cv.take<float>(T * 2 * inter);  // [T, 2 I]: gate | up, one GEMM's output
     s->router = cv.take<float>(T * E);
     s->moe_y = cv.take<float>(T * H);
     s->moe_w = cv.take<float>(T * K);
@@ -698,11 +734,10 @@ inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
                           cudaStream_t stream) {
   int64_t const H = m.config.hidden_size, I = w.inter;
   cublasHandle_t const h = m.cublas();
-  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, I, H, s.xn_bf, H, w.gate_proj, s.g, CUDA_R_32F, I, 0.0f,
-                                    "gemm gate_proj"));
-  SPECDEC_RETURN_IF_ERROR(
-      gemm_bf16(h, T, I, H, s.xn_bf, H, w.up_proj, s.u, CUDA_R_32F, I, 0.0f, "gemm up_proj"));
-  SPECDEC_RETURN_IF_ERROR(cuda::silu_mul_bf16(s.g, s.u, T * I, s.h_bf, stream));
+  // gate and up in one GEMM (up_proj = gate_proj + I * H): s.g [T, 2 I] = [g | u]
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, 2 * I, H, s.xn_bf, H, w.gate_proj, s.g, CUDA_R_32F,
+                                    2 * I, 0.0f, "gemm gate_proj + up_proj (stacked)"));
+  SPECDEC_RETURN_IF_ERROR(cuda::silu_mul_bf16(s.g, s.g + I, T, I, 2 * I, s.h_bf, stream));
   return gemm_bf16(h, T, H, I, s.h_bf, I, w.down_proj, y, CUDA_R_32F, H, beta, "gemm down_proj");
 }
 
@@ -728,29 +763,31 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
   int64_t const qk = dq + r, W = ckv + r;
   double const eps = c.rms_norm_eps;
   cublasHandle_t const h = m.cublas();
+  // s.qa [T, QA = ql + W] = [q_a | kv_a] (q_lora: one GEMM over the stacked weights).
+  int64_t const ql = c.q_lora_rank.value_or(0), QA = ql + W;
   if (l.q_lora) {
-    int64_t const ql = *c.q_lora_rank;
-    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, ql, H, s.xn_bf, H, l.q_a_proj, s.qa, CUDA_R_32F, ql,
-                                      0.0f, "gemm q_a_proj"));
-    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.qa, ql, l.q_a_layernorm, T, static_cast<int>(ql),
+    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, QA, H, s.xn_bf, H, l.q_a_proj, s.qa, CUDA_R_32F, QA,
+                                      0.0f, "gemm q_a_proj + kv_a_proj_with_mqa (stacked)"));
+    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.qa, QA, l.q_a_layernorm, T, static_cast<int>(ql),
                                                 eps, nullptr, 0, nullptr, s.qa_bf, ql, stream));
     SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, nh * qk, ql, s.qa_bf, ql, l.q_b_proj, s.q, CUDA_R_32F,
                                       nh * qk, 0.0f, "gemm q_b_proj"));
   } else {
     SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, nh * qk, H, s.xn_bf, H, l.q_proj, s.q, CUDA_R_32F,
                                       nh * qk, 0.0f, "gemm q_proj"));
+    SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, W, H, s.xn_bf, H, l.kv_a_proj_with_mqa, s.kva,
+                                      CUDA_R_32F, QA, 0.0f, "gemm kv_a_proj_with_mqa"));
   }
-  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, W, H, s.xn_bf, H, l.kv_a_proj_with_mqa, s.kva,
-                                    CUDA_R_32F, W, 0.0f, "gemm kv_a_proj_with_mqa"));
   // The tokens' cache entries: [rms(c_kv) | rope(k_pe)] at their rows of this layer.
   float* layer = cache->layer(li);
   int32_t const* rows = meta + bm.rows;
   int32_t const* positions = meta + bm.positions;
-  SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.kva, W, l.kv_a_layernorm, T, static_cast<int>(ckv),
-                                              eps, layer, W, rows, nullptr, 0, stream));
+  SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.kva, QA, l.kv_a_layernorm, T,
+                                              static_cast<int>(ckv), eps, layer, W, rows, nullptr,
+                                              0, stream));
   cuda::RopeRows rope;
   rope.in = s.kva + ckv;
-  rope.in_token_stride = W;
+  rope.in_token_stride = QA;
   rope.out = layer + ckv;
   rope.out_token_stride = W;
   rope.out_rows = rows;

@@ -8,7 +8,8 @@
 //   rope_rows       rope_interleaved_reference on [T, heads] vectors of 2 * pairs floats, in ->
 //                   out (strided; out row out_rows[t] when given), angles position * inv_freq in
 //                   double; in == out allowed
-//   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u (silu as forward_reference's)
+//   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
+//                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
 //   localize_expert_ids  ids [n] := local_expert_id(id, begin, end): an expert-parallel rank's
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
@@ -128,19 +129,22 @@ inline Status rope_rows(RopeRows const& p, cudaStream_t stream) {
 }
 
 static __global__ void silu_mul_bf16_kernel(float const* __restrict__ g, float const* __restrict__ u,
-                                            int64_t n, uint16_t* __restrict__ h) {
+                                            int64_t cols, int64_t stride, int64_t n,
+                                            uint16_t* __restrict__ h) {
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float const v = g[i];
+  int64_t const at = (i / cols) * stride + i % cols;
+  float const v = g[at];
   float const s = static_cast<float>(v / (1.0 + exp(-static_cast<double>(v))));
-  h[i] = float_to_bf16(s * u[i]);
+  h[i] = float_to_bf16(s * u[at]);
 }
 
-inline Status silu_mul_bf16(float const* g, float const* u, int64_t n, uint16_t* h,
-                            cudaStream_t stream) {
+inline Status silu_mul_bf16(float const* g, float const* u, int64_t rows, int64_t cols,
+                            int64_t stride, uint16_t* h, cudaStream_t stream) {
+  int64_t const n = rows * cols;
   if (n == 0) return Status::Ok();
   silu_mul_bf16_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
-      g, u, n, h);
+      g, u, cols, stride, n, h);
   return cuda_launch_status("silu_mul_bf16");
 }
 
