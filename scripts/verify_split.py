@@ -7,7 +7,8 @@ One line per run: its speculative configuration, tensor-parallel size, whether i
 the first run's of the same configuration, decode tokens/s, accept length and the milliseconds
 per verify of each phase (draft, build, verify, commit, extend). When a NONE run is among them,
 one more line per other run of the same tensor-parallel size: its whole speculative step over the
-plain step (the cost of one step; speedup = accept length / this ratio).
+plain step (the cost of one step; speedup = accept length / this ratio) and whether its tokens
+equal NONE's (greedy speculation is lossless).
 """
 import json
 import sys
@@ -26,14 +27,15 @@ def main(paths):
               "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
               % (j["decode_tokens_per_s"], j["accept_length"],
                  ", ".join("%s %.3f" % kv for kv in per.items())))
-    plain = {tp: sum(per.values()) for j, tp, per in runs
+    plain = {tp: (sum(per.values()), j["output_ids"]) for j, tp, per in runs
              if j["speculative_config"].startswith("NONE")}
     for j, tp, per in runs:
         if tp in plain and not j["speculative_config"].startswith("NONE"):
-            step = sum(per.values())
+            step, (plain_step, plain_ids) = sum(per.values()), plain[tp]
             print("%s | tp %d | one step %.3f ms = %.3fx the plain step (%.3f ms); pays from "
-                  "accept length %.2f" % (j["speculative_config"], tp, step, step / plain[tp],
-                                          plain[tp], step / plain[tp]))
+                  "accept length %.2f | same tokens as NONE: %s"
+                  % (j["speculative_config"], tp, step, step / plain_step, plain_step,
+                     step / plain_step, j["output_ids"] == plain_ids))
 
 
 if __name__ == "__main__":

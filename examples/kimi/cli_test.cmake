@@ -168,8 +168,9 @@ foreach(spec "NONE" "EAGLE3;3;4;8" "EAGLE;3;1;4")
 endforeach()
 
 # --config-only writes config.json alone; --random-weights SEED draws the weights on load: the
-# same seed the same tokens, speculation lossless on that model, another seed another model; the
-# directory without --random-weights is refused naming the flag.
+# same seed the same tokens (again, with EAGLE-3, at --tp-size 2: each rank draws its shard of the
+# one model), another seed another model; the directory without --random-weights is refused
+# naming the flag.
 run_kimi(out rc init-random --preset tiny --int4 --config-only --out "${DIR}-config")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "no tensors: load it with --random-weights SEED" OR
    EXISTS "${DIR}-config/model.safetensors" OR NOT EXISTS "${DIR}-config/config.json")
@@ -178,10 +179,17 @@ endif()
 set(random generate --model-path "${DIR}-config" --input-ids 7,300,12 --max-new-tokens 9
     --ignore-eos --json)
 set(random_ids)
-foreach(run "7;NONE" "7;NONE" "7;EAGLE3;3;1;4" "8;NONE")
-  list(POP_FRONT run seed)
+foreach(run "7;NONE" "7;NONE" "7;EAGLE3;3;1;4" "8;NONE" "7/2;NONE")
+  list(POP_FRONT run seed_tp)
+  string(REPLACE "/" ";" seed_tp "${seed_tp}")
+  list(GET seed_tp 0 seed)
+  set(tp_flags)
+  if(seed_tp MATCHES ";")
+    list(GET seed_tp 1 tp)
+    set(tp_flags --tp-size ${tp})
+  endif()
   speculative_flags(spec_flags "${run}")
-  execute_process(COMMAND "${KIMI}" ${random} --random-weights ${seed} ${spec_flags}
+  execute_process(COMMAND "${KIMI}" ${random} --random-weights ${seed} ${spec_flags} ${tp_flags}
                   OUTPUT_VARIABLE json ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "generate --random-weights ${seed} ${run} failed (${rc}): ${json}${err}")
@@ -193,9 +201,11 @@ list(GET random_ids 0 r7)
 list(GET random_ids 1 r7_again)
 list(GET random_ids 2 r7_eagle)
 list(GET random_ids 3 r8)
-if(NOT r7 STREQUAL r7_again OR NOT r7 STREQUAL r7_eagle OR r7 STREQUAL r8)
+list(GET random_ids 4 r7_tp2)
+if(NOT r7 STREQUAL r7_again OR NOT r7 STREQUAL r7_eagle OR NOT r7 STREQUAL r7_tp2 OR
+   r7 STREQUAL r8)
   message(FATAL_ERROR "--random-weights: seed 7 ${r7}, again ${r7_again}, EAGLE3 ${r7_eagle}, "
-                      "seed 8 ${r8} (expected the first three equal, the last different)")
+                      "--tp-size 2 ${r7_tp2}, seed 8 ${r8} (expected all but seed 8 equal)")
 endif()
 run_kimi(out rc generate --model-path "${DIR}-config" --input-ids 7 --max-new-tokens 2)
 if(NOT rc EQUAL 1 OR NOT out MATCHES "init-random --config-only\\) loads with --random-weights SEED")
