@@ -21,8 +21,12 @@
 //      16-row tiles) over all of I, reading h, and writes out[a, j] for each assignment a.
 //   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads the 32 packed
 //   columns 32 q .. 32 q + 31 of its rows g and g + 8 of each of its two 16-row tiles (one
-//   128-bit load per row: 4 words), their scales, and the same 32 columns of token g's operand
-//   (4 x 128 bits); the next chunk's loads are issued before this chunk is used.
+//   128-bit load per row: 4 words), their scales (one per row when the group size is a power of
+//   two >= 32, else one per word) and the same 32 columns of token g's operand (4 x 128 bits);
+//   the next chunk's loads are issued before this chunk is used (two chunk buffers in registers).
+//   A lane past the reduction's end reads column 0 with scale 0, so it adds exactly 0.
+//   ptxas (nvcc 13, sm_90, -O3): 123 / 126 registers (gate_up / down), no spills; the per-word
+//   scale variant (narrow or non-power-of-two groups) spills 44 bytes in gate_up.
 //   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
 //   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
 //   the weight rounded to bf16 once. Fragments: any order of the reduction columns works if A
@@ -46,8 +50,8 @@
 //      per warp, writing out[a, j] for each assignment a.
 //   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] = sum_k weights[t, k] * out[t*K + k, j..]
 //      in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
-// Rows of a block past the matrix's end are clamped for the loads and not written; columns past
-// the end (H or I not a multiple of the chunk) load zeros.
+// Rows of a block past the matrix's end are clamped for the loads and not written; on the bf16
+// path columns past the end (H or I not a multiple of the chunk) load zeros.
 // Shapes: x [T, H], ids / weights [T, K], y [T, H], expert tables as params.hpp says, workspace
 // moe_experts_workspace_bytes(T, K, E, H, I) (device memory).
 #pragma once
