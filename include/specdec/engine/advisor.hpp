@@ -1,0 +1,209 @@
+// The speculation advisor: from measured acceptance and measured step costs, the predicted decode
+// throughput of each speculative configuration, and the best of them, or none when no
+// configuration is predicted to beat plain decoding.
+//
+//   CostCurve{{{n, seconds}, ...}}      a cost measured at a few sizes (nodes of a verify, rows of
+//                                       a draft step); at(n) is piecewise linear between the
+//                                       points and follows the last two points' slope beyond
+//                                       them (the first two below); one point is a constant
+//   expected_accept_length(p, depth)    tokens a verify commits, bonus included, for a draft chain
+//                                       of `depth` steps, from p = SpecMetrics::
+//                                       per_position_accept() measured on a chain of any depth D:
+//                                       1 + sum_{d <= depth} p_d. Past D the conditional rate
+//                                       p_D / p_{D-1} (p_0 = 1) is taken to hold (a geometric
+//                                       tail: an assumption, said in the prediction)
+//   StepCosts{plain_step_s, verify, draft_step, overhead_s}
+//                                       at one batch size: the plain decode step; verify(nodes)
+//                                       per request; draft_step(rows) one draft step over `rows`
+//                                       rows per request (a chain drafts 1 row per step, a top-k
+//                                       tree k); overhead_s the rest of a speculative step
+//                                       (build, accept + commit, draft extend)
+//   predict(costs, candidate)           one configuration: accept length, seconds per step,
+//                                       tokens per second, speedup over plain decoding
+//   advise(costs, candidates, &advice)  every candidate predicted, the best chosen; advice.use
+//                                       false (draft nothing) when the best speedup is below
+//                                       min_speedup, with the reason in advice.summary
+// A candidate's acceptance is a chain's (`per_position_accept` of any chain serves every chain
+// depth) or, for a top-k tree, the acceptance measured with that tree (depth = its steps).
+// A speculative step: steps x draft_step(rows) + verify(nodes) + overhead_s, committing the
+// accept length; plain decoding commits 1 token per plain_step_s.
+// Errors (Status, naming the field): an empty or unsorted cost curve, a negative or non-finite
+// cost or rate, acceptance rates outside [0, 1] or rising with depth, a speculative candidate
+// with topk < 1 or fewer than 2 nodes, no candidates. Whether steps / topk / nodes make a
+// compiled tree is the policies' check (policy/spec_policy.hpp), not repeated here.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "specdec/core/status.hpp"
+#include "specdec/policy/spec_policy.hpp"
+
+namespace specdec::engine {
+
+struct CostCurve {
+  std::vector<std::pair<int, double>> points;  // (size, seconds), sizes strictly increasing
+
+  Status check(std::string const& what) const {
+    if (points.empty()) return Status::InvalidArgument(what + ": no measured point");
+    for (size_t i = 0; i < points.size(); ++i) {
+      auto const [n, s] = points[i];
+      if (n < 1 || !std::isfinite(s) || s < 0.0) {
+        return Status::InvalidArgument(what + ": point (" + std::to_string(n) + ", " +
+                                       std::to_string(s) +
+                                       "): sizes must be >= 1 and seconds finite, >= 0");
+      }
+      if (i > 0 && n <= points[i - 1].first) {
+        return Status::InvalidArgument(what + ": sizes must increase, got " +
+                                       std::to_string(points[i - 1].first) + " then " +
+                                       std::to_string(n));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Piecewise linear through the points; the end segments extended; >= 0.
+  double at(int n) const {
+    if (points.size() == 1) return points[0].second;
+    size_t i = 1;
+    while (i + 1 < points.size() && points[i].first < n) ++i;
+    auto const [n0, s0] = points[i - 1];
+    auto const [n1, s1] = points[i];
+    double const slope = (s1 - s0) / static_cast<double>(n1 - n0);
+    return std::max(0.0, s0 + slope * static_cast<double>(n - n0));
+  }
+};
+
+struct StepCosts {
+  double plain_step_s = 0.0;
+  CostCurve verify;      // per verify of `nodes` nodes (root included)
+  CostCurve draft_step;  // per draft step over `rows` rows
+  double overhead_s = 0.0;
+};
+
+struct Candidate {
+  SpecConfig config;                        // algorithm, num_steps, eagle_topk, num_draft_tokens
+  std::vector<double> per_position_accept;  // SpecMetrics::per_position_accept()
+};
+
+struct Prediction {
+  SpecConfig config;
+  double accept_length = 1.0;
+  double step_s = 0.0;
+  double tokens_per_s = 0.0;
+  double speedup = 1.0;        // tokens_per_s x plain_step_s
+  bool extrapolated = false;   // acceptance past the measured depth (the geometric tail)
+};
+
+struct Advice {
+  std::vector<Prediction> predictions;  // one per candidate, in the candidates' order
+  int best = -1;                        // index of the highest tokens_per_s
+  bool use = false;                     // speculate with predictions[best]
+  std::string summary;                  // one line for the log
+};
+
+// Checks p: rates in [0, 1], non-increasing with depth (a path reaches depth d only through d-1).
+inline Status check_acceptance(std::vector<double> const& p, std::string const& what) {
+  for (size_t d = 0; d < p.size(); ++d) {
+    if (!std::isfinite(p[d]) || p[d] < 0.0 || p[d] > 1.0) {
+      return Status::InvalidArgument(what + ": per_position_accept[" + std::to_string(d) + "] = " +
+                                     std::to_string(p[d]) + " is not a rate in [0, 1]");
+    }
+    if (d > 0 && p[d] > p[d - 1] + 1e-12) {
+      return Status::InvalidArgument(what + ": per_position_accept rises from " +
+                                     std::to_string(p[d - 1]) + " at depth " + std::to_string(d) +
+                                     " to " + std::to_string(p[d]) + " at depth " +
+                                     std::to_string(d + 1) +
+                                     " (a path reaches a depth only through the one before)");
+    }
+  }
+  return Status::Ok();
+}
+
+// 1 + sum_{d <= depth} p_d, p extended past its end by its last conditional rate; *extrapolated
+// (when given) says whether that tail was used.
+inline double expected_accept_length(std::vector<double> const& p, int depth,
+                                     bool* extrapolated = nullptr) {
+  double length = 1.0, reach = 1.0;
+  double const tail = p.empty() ? 0.0
+                      : p.size() == 1 ? p[0]
+                      : p[p.size() - 2] > 0.0 ? p.back() / p[p.size() - 2]
+                                              : 0.0;
+  if (extrapolated) *extrapolated = depth > static_cast<int>(p.size());
+  for (int d = 0; d < depth; ++d) {
+    reach = d < static_cast<int>(p.size()) ? p[static_cast<size_t>(d)] : reach * tail;
+    length += reach;
+  }
+  return length;
+}
+
+inline Status predict(StepCosts const& costs, Candidate const& c, Prediction* out) {
+  std::string const what = "advisor (" + describe(c.config) + ")";
+  if (!std::isfinite(costs.plain_step_s) || costs.plain_step_s <= 0.0 ||
+      !std::isfinite(costs.overhead_s) || costs.overhead_s < 0.0) {
+    return Status::InvalidArgument(what + ": plain_step_s " + std::to_string(costs.plain_step_s) +
+                                   " must be > 0 and overhead_s " +
+                                   std::to_string(costs.overhead_s) + " >= 0");
+  }
+  SPECDEC_RETURN_IF_ERROR(costs.verify.check(what + ": verify costs"));
+  SpecConfig const& s = c.config;
+  Prediction p;
+  p.config = s;
+  if (s.num_steps == 0) {  // plain decoding
+    p.step_s = costs.plain_step_s;
+  } else {
+    if (s.num_steps < 0 || s.eagle_topk < 1 || s.num_draft_tokens < 2) {
+      return Status::InvalidArgument(what + ": steps " + std::to_string(s.num_steps) + ", topk " +
+                                     std::to_string(s.eagle_topk) + ", nodes " +
+                                     std::to_string(s.num_draft_tokens) +
+                                     " do not describe a draft tree");
+    }
+    SPECDEC_RETURN_IF_ERROR(check_acceptance(c.per_position_accept, what));
+    SPECDEC_RETURN_IF_ERROR(costs.draft_step.check(what + ": draft step costs"));
+    p.accept_length = expected_accept_length(c.per_position_accept, s.num_steps, &p.extrapolated);
+    p.step_s = s.num_steps * costs.draft_step.at(s.eagle_topk) +
+               costs.verify.at(s.num_draft_tokens) + costs.overhead_s;
+  }
+  if (p.step_s <= 0.0) return Status::InvalidArgument(what + ": a step predicted to take 0 s");
+  p.tokens_per_s = p.accept_length / p.step_s;
+  p.speedup = p.tokens_per_s * costs.plain_step_s;
+  *out = p;
+  return Status::Ok();
+}
+
+// min_speedup: the best candidate must be predicted at least this much faster than plain
+// decoding to be used (1.0: any gain).
+inline Status advise(StepCosts const& costs, std::vector<Candidate> const& candidates,
+                     Advice* out, double min_speedup = 1.0) {
+  if (out == nullptr) return Status::InvalidArgument("advise: out is null");
+  if (candidates.empty()) return Status::InvalidArgument("advise: no candidate configuration");
+  Advice a;
+  for (Candidate const& c : candidates) {
+    Prediction p;
+    SPECDEC_RETURN_IF_ERROR(predict(costs, c, &p));
+    a.predictions.push_back(p);
+    int const i = static_cast<int>(a.predictions.size()) - 1;
+    if (a.best < 0 || p.tokens_per_s > a.predictions[static_cast<size_t>(a.best)].tokens_per_s) {
+      a.best = i;
+    }
+  }
+  Prediction const& b = a.predictions[static_cast<size_t>(a.best)];
+  a.use = b.config.num_steps > 0 && b.speedup >= min_speedup;
+  char line[160];
+  std::snprintf(line, sizeof line, "predicted %.3fx over plain decoding (accept length %.3f, %.3f ms "
+                "per step%s)", b.speedup, b.accept_length, 1e3 * b.step_s,
+                b.extrapolated ? ", acceptance extrapolated past the measured depth" : "");
+  a.summary = a.use ? "speculating with " + describe(b.config) + ": " + line
+                    : "not speculating: no configuration is predicted to beat plain decoding by " +
+                          std::to_string(min_speedup) + "x (best: " + describe(b.config) + ", " +
+                          line + ")";
+  *out = std::move(a);
+  return Status::Ok();
+}
+
+}  // namespace specdec::engine
