@@ -208,7 +208,7 @@ if(NOT r7 STREQUAL r7_again OR NOT r7 STREQUAL r7_eagle OR NOT r7 STREQUAL r7_tp
                       "--tp-size 2 ${r7_tp2}, seed 8 ${r8} (expected all but seed 8 equal)")
 endif()
 run_kimi(out rc generate --model-path "${DIR}-config" --input-ids 7 --max-new-tokens 2)
-if(NOT rc EQUAL 1 OR NOT out MATCHES "init-random --config-only\\) loads with --random-weights SEED")
+if(NOT rc EQUAL 1 OR NOT out MATCHES "init-random --config-only\\) is loaded by generate / serve with --random-weights SEED")
   message(FATAL_ERROR "a config-only directory without --random-weights: exit ${rc}: ${out}")
 endif()
 

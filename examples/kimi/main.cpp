@@ -281,8 +281,8 @@ Status load_checkpoint(std::string const& path, LoadedCheckpoint* m) {
   Status const opened = specdec::io::SafetensorsCheckpoint::open(path, &m->ckpt);
   if (!opened.ok()) {
     return Status::InvalidArgument(opened.message() +
-                                   "; a config.json alone (init-random --config-only) loads with "
-                                   "--random-weights SEED");
+                                   "; a config.json alone (init-random --config-only) is loaded "
+                                   "by generate / serve with --random-weights SEED");
   }
   specdec::io::ProgressBar bar("load " + path);
   Status const s = specdec::model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights,
@@ -327,7 +327,10 @@ int init_random(int argc, char** argv) {
     else if (f.is("--config-only")) random_options.config_only = true;
     else f.unknown();
   }
-  if (preset.empty()) fail_usage("init-random needs --preset (tiny, kimi-k2.5)");
+  if (preset.empty()) {
+    fail_usage(std::string("init-random needs --preset (") +
+               specdec::model::kimi::kKimiPresets + ")");
+  }
   if (out.empty()) fail_usage("init-random needs --out DIR");
   if (!draft.empty() && draft != "eagle3" && draft != "eagle") {
     fail_usage("--draft " + draft + ": use eagle3 (EAGLE-3) or eagle (EAGLE-1/2)");
