@@ -5,7 +5,8 @@
 //   CostCurve{{{n, seconds}, ...}}      a cost measured at a few sizes (nodes of a verify, rows of
 //                                       a draft step); at(n) is piecewise linear between the
 //                                       points and follows the last two points' slope beyond
-//                                       them (the first two below); one point is a constant
+//                                       them (the first two below), never below 0; one point is
+//                                       a constant
 //   expected_accept_length(p, depth)    tokens a verify commits, bonus included, for a draft chain
 //                                       of `depth` steps, from p = SpecMetrics::
 //                                       per_position_accept() measured on a chain of any depth D:

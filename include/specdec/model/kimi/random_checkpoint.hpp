@@ -83,6 +83,7 @@
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/random_weights.hpp"
 #include "specdec/model/kimi/weights.hpp"
 
 namespace specdec::model::kimi {
@@ -214,16 +215,6 @@ struct WriteListSink {
     return Status::Ok();
   }
 };
-
-// splitmix64 over (seed, FNV-1a of key): the per-tensor stream's seed.
-inline uint64_t tensor_seed(uint64_t seed, std::string_view key) {
-  uint64_t h = 1469598103934665603ull;
-  for (char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (h | 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // n values mean + stddev * N(0, 1) (Box-Muller on std::mt19937_64, whose output the standard
 // fixes, so files are identical across standard libraries).

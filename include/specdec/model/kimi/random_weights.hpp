@@ -16,10 +16,10 @@
 // norms 1 / 0.1^2, matrices [out, in] 0 / 1/in, e_score_correction_bias 0 / 0.01^2); the fp32
 // copies of the (bf16) routers hold the bf16 values. INT4 experts: weight_packed is uniform random
 // bits (every nibble uniform in 0..15, a weight q - 8 in [-8, 7], standard deviation 4.61) and
-// weight_scale is the constant 1 / (4.61 sqrt(in)), so W has the matrices' variance 1/in. The keys
-// mix the seed with the tensor's name (64-bit FNV-1a). These are not random_checkpoint.hpp's values
-// (normals from std::mt19937_64): a checkpoint written by init-random and this model are different
-// models of the same shape, each deterministic from its seed.
+// weight_scale is the constant 1 / (4.61 sqrt(in)), so W has the matrices' variance 1/in. A
+// tensor's key is detail::tensor_seed(seed, name), the writer's stream seed. The values are not
+// random_checkpoint.hpp's (normals from std::mt19937_64): a checkpoint written by init-random and
+// this model are different models of the same shape, each deterministic from its seed.
 #pragma once
 
 #include <cmath>
@@ -53,14 +53,15 @@ struct RandomDraw {
 
 namespace detail {
 
-// 64-bit FNV-1a.
-inline uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char ch : s) {
-    h ^= static_cast<unsigned char>(ch);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+// splitmix64 over (seed, FNV-1a of key): a tensor's stream seed, here and in
+// random_checkpoint.hpp's writer.
+inline uint64_t tensor_seed(uint64_t seed, std::string_view key) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 // The standard deviation of q - 8 for q uniform in 0..15: sqrt((16^2 - 1) / 12).
@@ -148,7 +149,7 @@ class KimiRandomWeights {
     Status bind(TensorSpec const& s, RandomDraw d, TensorView* slot) {
       self->names_.push_back(s.name);
       std::string const& name = self->names_.back();
-      d.key = self->seed_ ^ detail::fnv1a64(name);
+      d.key = detail::tensor_seed(self->seed_, name);
       self->draws_[name] = d;
       slot->name = name;
       slot->dtype = s.dtype;
