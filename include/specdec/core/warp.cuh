@@ -1,4 +1,5 @@
-// Warp-level reductions shared by the kernels (all 32 lanes take part and get the result).
+// Warp-level operations shared by the kernels (all 32 lanes take part): reductions whose result
+// every lane gets, and the bf16 tensor-core MMA (sm_80 and later).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// c += A [16 x 16] B [16 x 8], bf16 operands, fp32 accumulators (PTX fragment layout).
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 }  // namespace specdec

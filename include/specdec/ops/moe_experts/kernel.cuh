@@ -391,17 +391,6 @@ __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale
   }
 }
 
-// c += A [16 x 16] B [16 x 8], bf16 operands, fp32 accumulators (PTX fragment layout).
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // 2. xb = bf16(x) in word order, 8 columns per thread.
 static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16* xb,
                                                   int64_t words) {

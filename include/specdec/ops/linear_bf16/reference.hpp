@@ -1,0 +1,26 @@
+// linear_bf16 CPU reference: y = beta y + x W^T (rule and shapes in linear_bf16/params.hpp), plain
+// loops, one fp32 sum per output in k order.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/core/dtype.hpp"
+#include "specdec/core/status.hpp"
+#include "specdec/ops/linear_bf16/params.hpp"
+
+namespace specdec::ops {
+
+inline Status linear_bf16_cpu(LinearBf16Params const& p) {
+  for (int t = 0; t < p.tokens; ++t) {
+    uint16_t const* x = p.x + t * p.ldx;
+    for (int64_t o = 0; o < p.out; ++o) {
+      uint16_t const* w = p.w + o * p.in;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < p.in; ++k) sum += bf16_to_float(x[k]) * bf16_to_float(w[k]);
+      linear_bf16_store(p, t, o, sum);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace specdec::ops
