@@ -1,9 +1,10 @@
 // The CUDA executor's Kimi forward (model/kimi/forward_cuda.cuh) against the CPU executor
 // (forward_cpu.hpp, itself checked against the reference and transformers) on the tiny random
 // preset (bf16 and INT4 experts; n_group 2 / topk_group 1, YaRN): the layer kernels against their
-// CPU rules; prefill + decode, a batch of requests on interleaved pages and a tree verify (logits
-// and aux {-1, 1, 3}); greedy generation; random weights drawn on the device
-// (generate_kimi_cuda_model) against the same values drawn on the host; errors.
+// CPU rules (router_logits against a double-precision router); prefill + decode, a batch of
+// requests on interleaved pages and a tree verify (logits and aux {-1, 1, 3}); greedy generation;
+// random weights drawn on the device (generate_kimi_cuda_model) against the same values drawn on
+// the host; forwards captured as CUDA graphs against eager ones, bit for bit; errors.
 //
 // Discrete routing is what makes two executors' logits incomparable token by token: any
 // difference in the activations (bf16 rounding, or just fp32 summation order, which moves a value
@@ -88,14 +89,19 @@ struct Model {
   TinyKimi m;
   KimiCpuModel cpu;
   KimiCudaModel gpu;
-  // all_experts: route every token to all 8 experts (see the top of the file).
-  Model(bool int4, uint64_t seed, bool all_experts) {
-    auto patch = [](nlohmann::json& j) {
-      j["num_experts_per_tok"] = j["n_routed_experts"];
-      j["topk_group"] = j["n_group"];
+  // all_experts: route every token to all 8 experts (see the top of the file); `patch` edits
+  // the config further.
+  Model(bool int4, uint64_t seed, bool all_experts,
+        std::function<void(nlohmann::json&)> const& patch = nullptr) {
+    auto edit = [&](nlohmann::json& j) {
+      if (all_experts) {
+        j["num_experts_per_tok"] = j["n_routed_experts"];
+        j["topk_group"] = j["n_group"];
+      }
+      if (patch) patch(j);
     };
     load_tiny_kimi(tmp.path / (int4 ? "int4" : "bf16"), int4, seed, &m,
-                   all_experts ? std::function<void(nlohmann::json&)>(patch) : nullptr);
+                   all_experts || patch ? std::function<void(nlohmann::json&)>(edit) : nullptr);
     Status s = kimi::load_kimi_cpu_model(m.weights, m.config, &cpu);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     s = kimi::load_kimi_cuda_model(m.weights, m.config, &gpu);
@@ -162,7 +168,8 @@ std::vector<uint16_t> bf16_of(std::vector<float> const& f) {
 TEST_CASE("kimi layer kernels: rms_norm_rows, rope_rows, silu_mul_bf16 equal their CPU rules") {
   Rng rng(5);
   namespace kc = kimi::cuda;
-  for (int n : {16, 100, 512, 7168}) {
+  // 8192: the most rms_norm_rows holds in registers; 9000: past it, the looping path.
+  for (int n : {16, 100, 512, 7168, 8192, 9000}) {
     int const T = 9;
     std::vector<float> x = specdec::testing::random_logits(rng, T, n + 3, 2.0f);  // stride n + 3
     std::vector<float> wf = specdec::testing::random_logits(rng, 1, n, 1.0f);
@@ -247,6 +254,40 @@ TEST_CASE("kimi layer kernels: rms_norm_rows, rope_rows, silu_mul_bf16 equal the
       }
     }
   }
+}
+
+TEST_CASE("kimi layer kernels: router_logits equals the fp32 router to rounding") {
+  Rng rng(8);
+  namespace kc = kimi::cuda;
+  for (int64_t E : {8, 64, 384, 13}) {
+    for (int T : {1, 3, 8}) {
+      int64_t const H = E == 13 ? 36 : 7168;
+      std::vector<float> const x = specdec::testing::random_logits(rng, T, H, 1.0f);
+      std::vector<float> const gate = specdec::testing::random_logits(rng, E, H, 0.02f);
+      DeviceBuffer<float> dx(x), dgate(gate), dlogits(size_t(T) * E);
+      REQUIRE(dlogits.fill_bytes(0xff).ok());
+      REQUIRE(kc::router_logits(dx.data(), dgate.data(), T, E, H, dlogits.data(), nullptr).ok());
+      std::vector<float> const got = dlogits.download();
+      int bad = 0;
+      for (int t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < E; ++e) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t k = 0; k < H; ++k) {
+            double const p = double(x[size_t(t * H + k)]) * gate[size_t(e * H + k)];
+            want += p;
+            mag += std::fabs(p);
+          }
+          bad += !(std::fabs(got[size_t(t * E + e)] - want) <= 1e-5 * mag + 1e-30);
+        }
+      }
+      CAPTURE(E);
+      CAPTURE(T);
+      CHECK(bad == 0);
+    }
+  }
+  DeviceBuffer<float> d(64);
+  specdec::testing::check_error(kc::router_logits(d.data(), d.data(), 9, 2, 4, d.data(), nullptr),
+                                specdec::StatusCode::kInvalidArgument, {"9 tokens", "T <= 8"});
 }
 
 TEST_CASE("kimi_forward_cuda: prefill + decode and aux agree with the CPU executor") {
@@ -503,6 +544,110 @@ TEST_CASE("generate_kimi_cuda_model: the device draws the host's weights; the mo
   MaxDiff seeds;
   seeds.add(logits[2].data(), logits[1].data(), int64_t(logits[1].size()));
   CHECK(seeds.rel() > 0.1);  // another seed, another model
+}
+
+// The same forwards on two loads of one checkpoint, one eager and one capturing each decode /
+// verify shape as a CUDA graph (KimiCudaModel::graphs), each on its own cache: logits, aux and
+// argmax bit for bit equal, through a batch prefill (eager in both), decodes whose first request
+// crosses a slot bucket (a new shape: a new capture), argmax-only decodes and a tree verify; the
+// graphed model must have replayed graphs, not just captured them. Real top-2 routing: equal
+// bits need no tolerance.
+TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for bit") {
+  // Room for 262 positions (the preset's 256 would stop the decodes short of the bucket's end).
+  // (YaRN's factor follows: max_position_embeddings / original_max_position_embeddings.)
+  Model md(true, 23, false, [](nlohmann::json& j) {
+    j["max_position_embeddings"] = 512;
+    j["rope_scaling"]["factor"] =
+        512.0 / j["rope_scaling"]["original_max_position_embeddings"].get<double>();
+  });
+  KimiCudaModel graphed;
+  Status s = kimi::load_kimi_cuda_model(md.m.weights, md.m.config, &graphed);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  graphed.graphs.set_capacity(8);
+  KimiCudaCache eager_cache, graph_cache;
+  REQUIRE(KimiCudaCache::create_for(md.m.config, 16, 64, 24, &eager_cache).ok());
+  REQUIRE(KimiCudaCache::create_for(md.m.config, 16, 64, 24, &graph_cache).ok());
+  std::vector<RequestId> const ids{3, 8};
+  for (RequestId id : ids) {
+    REQUIRE(eager_cache.table.add_request(id).ok());
+    REQUIRE(graph_cache.table.add_request(id).ok());
+  }
+  cudaStream_t stream = nullptr;  // a created stream: the legacy default one cannot be captured
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  CudaExecutor const exec{stream};
+  Rng rng(29);
+  int const V = int(md.V());
+  int compared = 0;
+  auto both = [&](auto&& forward, std::string const& what) {
+    kimi::CudaForwardOutput a, b;
+    Status st = forward(md.gpu, &eager_cache.table, &a);
+    REQUIRE_MESSAGE(st.ok(), what, ": ", st.to_string());
+    st = forward(graphed, &graph_cache.table, &b);
+    REQUIRE_MESSAGE(st.ok(), what, ": ", st.to_string());
+    REQUIRE(a.tokens == b.tokens);
+    REQUIRE(a.vocab == b.vocab);
+    std::vector<float> const la = host(a.logits, a.tokens * a.vocab);
+    std::vector<float> const lb = host(b.logits, b.tokens * b.vocab);
+    CHECK_MESSAGE(std::memcmp(la.data(), lb.data(), 4 * la.size()) == 0, what, ": logits differ");
+    REQUIRE((a.aux == nullptr) == (b.aux == nullptr));
+    if (a.aux != nullptr) {
+      std::vector<float> const xa = host(a.aux, a.tokens * a.aux_width);
+      std::vector<float> const xb = host(b.aux, b.tokens * b.aux_width);
+      CHECK_MESSAGE(std::memcmp(xa.data(), xb.data(), 4 * xa.size()) == 0, what, ": aux differ");
+    }
+    REQUIRE((a.argmax == nullptr) == (b.argmax == nullptr));
+    if (a.argmax != nullptr) {
+      std::vector<int32_t> ga(static_cast<size_t>(a.tokens)), gb(ga.size());
+      REQUIRE(cudaMemcpy(ga.data(), a.argmax, 4 * ga.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(gb.data(), b.argmax, 4 * gb.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK_MESSAGE(ga == gb, what, ": argmax differs");
+    }
+    ++compared;
+  };
+  std::vector<int32_t> const counts{250, 40};
+  std::vector<int32_t> const prompt = random_tokens(rng, 290, V);
+  both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
+         return kimi::kimi_prefill(exec, m, c, ids, counts, prompt, kAux, o);
+       }, "prefill");
+  for (int step = 0; step < 12; ++step) {  // request 3 goes from 250 to 262 slots: past 256
+    std::vector<int32_t> const tok = random_tokens(rng, 2, V);
+    kimi::LogitsMode const mode = step >= 10 ? kimi::LogitsMode::kArgmax : kimi::LogitsMode::kFull;
+    both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
+           return kimi::kimi_decode(exec, m, c, ids, tok, {}, o, mode);
+         }, "decode " + std::to_string(step));
+  }
+  int const N = 6, B = 2;
+  std::vector<int32_t> parents, prefix(B);
+  for (int b = 0; b < B; ++b) {
+    std::vector<int32_t> const p = specdec::testing::random_parents(rng, N, b == 0);
+    parents.insert(parents.end(), p.begin(), p.end());
+    int64_t len = 0;
+    REQUIRE(graph_cache.table.length(ids[static_cast<size_t>(b)], &len).ok());
+    prefix[static_cast<size_t>(b)] = int32_t(len);
+  }
+  Tree tree;
+  tree.build(parents, prefix, N);
+  std::vector<int32_t> const nodes = random_tokens(rng, B * N, V);
+  both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
+         return kimi::kimi_verify(exec, m, c, ids, N, nodes, tree.positions, tree.mask,
+                                  kAux, o);
+       }, "verify");
+  CHECK(compared == 14);
+  MESSAGE("graphs: ", graphed.graphs.captures(), " captured, ", graphed.graphs.replays(),
+          " replayed");
+  // Decodes below and past 256 slots, argmax decodes, the verify (prefill stays eager).
+  CHECK(graphed.graphs.captures() == 4);
+  CHECK(graphed.graphs.replays() >= 8);
+  CHECK(md.gpu.graphs.captures() == 0);
+  // A new shape (one request) on the legacy default stream, which cannot be captured: a clear
+  // error, not a broken capture. (A captured graph replays on any stream.)
+  kimi::CudaForwardOutput o;
+  std::vector<RequestId> const first{ids[0]};
+  std::vector<int32_t> const one = random_tokens(rng, 1, V);
+  specdec::testing::check_error(
+      kimi::kimi_decode(CudaExecutor{}, graphed, &graph_cache.table, first, one, {}, &o),
+      specdec::StatusCode::kInvalidArgument, {"legacy default stream cannot be captured"});
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
 
 TEST_CASE("kimi_forward_cuda: errors name the problem") {

@@ -16,10 +16,12 @@
 //   LogitsMode::kArgmax (forward_plan.hpp) out.argmax [T] int32 and out.logits only this rank's
 //   vocabulary slice [T, out.vocab = vocab.size()].
 // The host waits for the forward only to upload the batch's metadata (positions, cache rows,
-// page tables, masks); the math is queued on the stream.
+// page tables, masks); the math is queued on the stream, launched kernel by kernel or, with
+// model.graphs on, replayed from a CUDA graph captured for the forward's ForwardShape.
 //
-// Per layer (T tokens; bf16 GEMMs are cuBLAS with fp32 accumulation and bf16 inputs, so the
-// activations entering a GEMM are rounded to bf16 as in a bf16 inference engine):
+// Per layer (T tokens; bf16 GEMMs (gemm_bf16: ops::linear_bf16 up to 8 rows, cuBLAS beyond) take
+// bf16 inputs and accumulate in fp32, so the activations entering a GEMM are rounded to bf16 as
+// in a bf16 inference engine):
 //   xn = rms(x, input_layernorm) (fp32 -> bf16); q = xn q_proj^T or q_b(rms(xn q_a^T)) (fp32)
 //   kva = xn kv_a^T; cache row of each token = [rms(kva[:c], kv_a_layernorm) | rope(kva[c:])]
 //   qabs[t, h] = [q_nope_h W_UK_h (one strided-batched GEMM over heads) | rope(q_pe_h)]
@@ -28,9 +30,10 @@
 //   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
 //   dense: x += down(silu(xn gate^T) * (xn up^T))   (gate / up one GEMM over stacked weights,
 //          as are q_a / kv_a: the loader places each pair in one block)
-//   MoE:   router logits = xn gate^T in fp32 (SGEMM on an fp32 copy of gate: expert choice must
-//          not hinge on bf16 rounding), ops::moe_route, ops::moe_experts (fp32 xn, bf16 or INT4
-//          experts) -> y; shared experts as dense into x; x += y
+//   MoE:   router logits = xn gate^T in fp32 (cuda::router_logits up to 8 tokens, else SGEMM, on
+//          an fp32 copy of gate: expert choice must not hinge on bf16 rounding), ops::moe_route,
+//          ops::moe_experts (fp32 xn, bf16 or INT4 experts) -> y; shared experts as dense into
+//          x; x += y
 // then logits = rms(x, norm) lm_head^T (fp32). aux: the residual stream x after the listed layers.
 // Versus the CPU executor (fp32 everywhere): logits agree to bf16 activation rounding (about 1e-2
 // relative at the tiny preset), greedy tokens where the top-2 gap exceeds that.
@@ -56,6 +59,7 @@
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/cuda_graph.cuh"
 #include "specdec/core/status.hpp"
 #include "specdec/dist/nccl.cuh"
 #include "specdec/io/hf_config.hpp"
@@ -66,6 +70,7 @@
 #include "specdec/model/kimi/random_device.cuh"
 #include "specdec/model/kimi/shard.hpp"
 #include "specdec/model/kimi/weights.hpp"
+#include "specdec/ops/linear_bf16/linear_bf16.hpp"
 #include "specdec/ops/mla_attention/mla_attention.hpp"
 #include "specdec/ops/moe_experts/moe_experts.hpp"
 #include "specdec/ops/moe_route/moe_route.hpp"
@@ -107,6 +112,18 @@ struct CudaLayer {
 
 class KimiCudaModel;
 namespace detail {
+// What a captured forward bakes in (core/cuda_graph.cuh's key): sizes, grid bounds, the batch
+// metadata's layout, the cache; the batch's values are read from the device at replay.
+struct ForwardShape {
+  int64_t tokens = 0, batch = 0, meta_ints = 0;
+  int max_pages = 0, words = 0;
+  int64_t max_slots = 0;
+  bool tree = false;
+  LogitsMode mode = LogitsMode::kFull;
+  std::vector<int> aux_layers;
+  float const* cache = nullptr;
+  bool operator==(ForwardShape const&) const = default;
+};
 Status load_cuda_model_impl(KimiWeights const&, io::DeepseekV3Config const&, dist::TpShard const&,
                             dist::NcclCommunicator*, KimiRandomWeights const*, KimiCudaModel*);
 }  // namespace detail
@@ -131,6 +148,12 @@ class KimiCudaModel {
   dist::Range experts;                     // routed experts held
   dist::Range vocab;                       // lm_head rows held
   int64_t expert_width = 0;                // width of each routed expert held (I or I / P)
+
+  // Decode and verify forwards captured as CUDA graphs, one per detail::ForwardShape (prefill
+  // stays eager); capacity 0 (the default) runs every forward eagerly. Captured and eager
+  // forwards give the same bits (same kernels, same order); a graph saves the host's per-kernel
+  // launch work (~25 kernels per layer) and the gaps between kernels. Needs a created stream.
+  GraphCache<detail::ForwardShape> graphs;
 
   KimiCudaModel() = default;
   KimiCudaModel(KimiCudaModel&&) = default;
@@ -157,7 +180,9 @@ class KimiCudaModel {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer<uint8_t> arena_;  // the weights
+  DeviceBuffer<uint8_t> cublas_workspace_;
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
 
@@ -560,6 +585,14 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
   cublasHandle_t h = nullptr;
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
   m.cublas_.reset(h);
+  // cuBLAS's workspace, set once: it never allocates inside a forward (a graph capture).
+  m.cublas_workspace_ = DeviceBuffer<uint8_t>(KimiCudaModel::kCublasWorkspaceBytes);
+  if (m.cublas_workspace_.data() == nullptr) {
+    return Status::CudaError(fn + "cudaMalloc of the cuBLAS workspace failed");
+  }
+  SPECDEC_RETURN_IF_ERROR(cublas_status(
+      cublasSetWorkspace(h, m.cublas_workspace_.data(), KimiCudaModel::kCublasWorkspaceBytes),
+      "cublasSetWorkspace"));
   *out = std::move(m);
   return Status::Ok();
 }
@@ -648,6 +681,7 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
                                " bytes of scratch failed");
     }
     m.scratch_bytes_ = grow;
+    m.graphs.clear();  // they point into the old scratch
   }
   detail::DeviceCarver real{m.scratch_arena_.data(), 0};
   carve(real);
@@ -656,12 +690,37 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
 
 namespace detail {
 
+// The widest weight gemm_bf16 gives ops::linear_bf16: up to here (Kimi's q_a, q_b, the shared
+// expert) it beats cuBLAS by 6-13% at T <= 8; wider ones (o_proj 117 MB, lm_head 2.35 GB) stream
+// 3-6% faster through cuBLAS (bench_linear_bf16, benchmarks/RESULTS.md).
+constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{64} << 20;
+
 // Y [T, out] (row stride ldy, fp32 or bf16) = X [T, in] (bf16, row stride ldx) W^T, W bf16
-// [out, in]; beta 1 accumulates into an fp32 Y.
+// [out, in]; beta 1 accumulates into an fp32 Y. Up to kLinearBf16MaxTokens rows (decode, verify)
+// of a weight up to kLinearBf16MaxWeightBytes run ops::linear_bf16 where its alignment holds;
+// the rest cuBLAS.
 inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, uint16_t const* X,
                         int64_t ldx, uint16_t const* Wt, void* Y, cudaDataType_t ytype,
                         int64_t ldy, float beta, char const* what) {
   if (T == 0) return Status::Ok();
+  if (T <= ops::kLinearBf16MaxTokens && 2 * out * in <= kLinearBf16MaxWeightBytes) {
+    ops::LinearBf16Params lp;
+    lp.x = X;
+    lp.ldx = ldx;
+    lp.w = Wt;
+    lp.tokens = static_cast<int>(T);
+    lp.out = out;
+    lp.in = in;
+    lp.y = Y;
+    lp.y_bf16 = ytype == CUDA_R_16BF;
+    lp.ldy = ldy;
+    lp.beta = beta;
+    if (ops::linear_bf16_error(lp).empty()) {
+      cudaStream_t stream = nullptr;
+      SPECDEC_RETURN_IF_ERROR(cublas_status(cublasGetStream(h, &stream), what));
+      return ops::linear_bf16(CudaExecutor{stream}, lp);
+    }
+  }
   float const alpha = 1.0f;
   return cublas_status(
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(T),
@@ -671,14 +730,19 @@ inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, ui
       what);
 }
 
-// The batch's int32 metadata, laid out in one upload.
+// The batch's int32 metadata, laid out in one upload. The attention's bounds are rounded up
+// (slots to kSlotBucket, page-table columns to kPageBucket; unused columns hold -1) so that a
+// request's decode keeps one ForwardShape, and one captured graph, for kSlotBucket tokens; the
+// forward rounds them the same way with or without graphs.
 struct BatchMeta {
+  static constexpr int64_t kSlotBucket = 256;
+  static constexpr int kPageBucket = 8;
   std::vector<int32_t> host;
   int64_t tokens = 0, positions = 0, rows = 0, token_request = 0, token_index = 0, base = 0,
           page_table = 0, mask = 0;
-  int max_pages = 0;
+  int max_pages = 0;       // page-table columns: the most pages a request holds, rounded up
   int words = 0;           // mask words per token (verify)
-  int64_t max_slots = 1;   // largest base + count: the attention's slot bound
+  int64_t max_slots = 1;   // the largest base + count, rounded up: the attention's slot bound
 };
 
 inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMeta* m) {
@@ -695,7 +759,10 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
                                " pages x " + std::to_string(cache.page_size()) +
                                " slots exceed the int32 cache rows");
   }
-  m->max_pages = max_pages;
+  m->max_pages = (max_pages + BatchMeta::kPageBucket - 1) / BatchMeta::kPageBucket *
+                 BatchMeta::kPageBucket;
+  m->max_slots = (m->max_slots + BatchMeta::kSlotBucket - 1) / BatchMeta::kSlotBucket *
+                 BatchMeta::kSlotBucket;
   m->words = plan.words;
   int64_t at = 0;
   auto region = [&](int64_t n) { int64_t const r = at; at += n; return r; };
@@ -705,7 +772,7 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
   m->token_request = region(T);
   m->token_index = region(T);
   m->base = region(B);
-  m->page_table = region(B * max_pages);
+  m->page_table = region(B * m->max_pages);
   m->mask = region(static_cast<int64_t>(plan.mask.size()));
   m->host.assign(static_cast<size_t>(at), -1);
   int32_t* h = m->host.data();
@@ -713,7 +780,7 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
     ForwardSegment const& s = plan.segments[static_cast<size_t>(b)];
     std::span<int32_t const> pages;
     SPECDEC_RETURN_IF_ERROR(cache.pages(s.id, &pages));
-    std::copy(pages.begin(), pages.end(), h + m->page_table + b * max_pages);
+    std::copy(pages.begin(), pages.end(), h + m->page_table + b * m->max_pages);
     h[m->base + b] = static_cast<int32_t>(s.base);
     for (int64_t i = 0; i < s.count; ++i) {
       int64_t const t = s.first + i;
@@ -871,12 +938,17 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   }
   int64_t const H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   float const one = 1.0f, zero = 0.0f;
-  // Router logits [T, E] in fp32: column-major logits^T [E, T] = gate [E, H] xn^T.
-  SPECDEC_RETURN_IF_ERROR(cublas_status(
-      cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E), static_cast<int>(T),
-                  static_cast<int>(H), &one, l.gate, static_cast<int>(H), s.xn,
-                  static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
-      "sgemm router"));
+  // Router logits [T, E] in fp32: a decode's or verify's few tokens in one kernel, more as a
+  // GEMM (column-major logits^T [E, T] = gate [E, H] xn^T).
+  if (cuda::router_logits_fits(T, H, s.xn, l.gate)) {
+    SPECDEC_RETURN_IF_ERROR(cuda::router_logits(s.xn, l.gate, T, E, H, s.router, stream));
+  } else {
+    SPECDEC_RETURN_IF_ERROR(cublas_status(
+        cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E),
+                    static_cast<int>(T), static_cast<int>(H), &one, l.gate, static_cast<int>(H),
+                    s.xn, static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
+        "sgemm router"));
+  }
   ops::MoeRouteParams rp;
   rp.logits = s.router;
   rp.bias = l.bias;
@@ -918,25 +990,19 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
                        "saxpy moe output");
 }
 
-inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
-                           std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
-                           CudaForwardOutput* out) {
+// The forward's work after the metadata upload, all of it queued on `stream` and reading the
+// batch from s.meta: what a graph captures.
+inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta const& bm,
+                                 ForwardShape const& shape, KimiCudaModel::Scratch const& s,
+                                 cudaStream_t stream) {
   io::DeepseekV3Config const& c = m.config;
-  int64_t const T = plan.num_tokens(), H = c.hidden_size, V = c.vocab_size;
-  int64_t const B = static_cast<int64_t>(plan.segments.size());
-  int const A = static_cast<int>(aux_layers.size());
-  BatchMeta bm;
-  SPECDEC_RETURN_IF_ERROR(build_meta(*cache, plan, &bm));
-  KimiCudaModel::Scratch s{};
-  SPECDEC_RETURN_IF_ERROR(
-      reserve_scratch(m, T, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
-  SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
-                                   cudaMemcpyHostToDevice, stream));
+  int64_t const T = shape.tokens, H = c.hidden_size, V = c.vocab_size, B = shape.batch;
+  int const A = static_cast<int>(shape.aux_layers.size());
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasSetStream(m.cublas(), stream), "cublasSetStream"));
   if (m.comm != nullptr) m.comm->bind_stream(stream);
   auto capture = [&](int id) -> Status {
     for (int a = 0; a < A; ++a) {
-      if (aux_layers[static_cast<size_t>(a)] != id) continue;
+      if (shape.aux_layers[static_cast<size_t>(a)] != id) continue;
       SPECDEC_CUDA_TRY(cudaMemcpy2DAsync(s.aux + a * H, static_cast<size_t>(A * H) * 4, s.x,
                                          static_cast<size_t>(H) * 4, static_cast<size_t>(H) * 4,
                                          static_cast<size_t>(T), cudaMemcpyDeviceToDevice, stream));
@@ -945,13 +1011,12 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   };
   SPECDEC_RETURN_IF_ERROR(cuda::embed_rows(m.embed_tokens, s.meta + bm.tokens, T, H, s.x, stream));
   SPECDEC_RETURN_IF_ERROR(capture(kEmbedding));
-  bool const tree = plan.kind == ForwardKind::kVerify;
   for (int li = 0; li < c.num_hidden_layers; ++li) {
     CudaLayer const& l = m.layers[static_cast<size_t>(li)];
     SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, l.input_layernorm, T, static_cast<int>(H),
                                                 c.rms_norm_eps, nullptr, 0, nullptr, s.xn_bf, H,
                                                 stream));
-    SPECDEC_RETURN_IF_ERROR(cuda_attention(m, li, cache, bm, s.meta, T, B, tree, s, stream));
+    SPECDEC_RETURN_IF_ERROR(cuda_attention(m, li, cache, bm, s.meta, T, B, shape.tree, s, stream));
     SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.x, H, l.post_attention_layernorm, T,
                                                 static_cast<int>(H), c.rms_norm_eps, s.xn, H,
                                                 nullptr, s.xn_bf, H, stream));
@@ -964,9 +1029,7 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   int64_t const Vp = m.vocab.size();
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(m.cublas(), T, Vp, H, s.xn_bf, H, m.lm_head, s.logits,
                                     CUDA_R_32F, Vp, 0.0f, "gemm lm_head"));
-  out->argmax = nullptr;
-  out->vocab = V;
-  if (mode == LogitsMode::kArgmax) {  // one key per row from every rank, never the [T, V] logits
+  if (shape.mode == LogitsMode::kArgmax) {  // one key per row from every rank, never the [T, V] logits
     int64_t const P = m.comm ? m.comm->size() : 1;
     SPECDEC_RETURN_IF_ERROR(cuda::row_argmax_keys(s.logits, T, Vp, m.vocab.begin, s.keys, stream));
     if (m.comm) {
@@ -974,11 +1037,9 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
                                                        T * 8,
                                                        reinterpret_cast<std::byte*>(s.keys_all)));
     }
-    SPECDEC_RETURN_IF_ERROR(
-        cuda::argmax_of_keys(m.comm ? s.keys_all : s.keys, P, T, s.argmax, stream));
-    out->argmax = s.argmax;
-    out->vocab = Vp;
-  } else if (Vp != V) {  // the ranks' slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
+    return cuda::argmax_of_keys(m.comm ? s.keys_all : s.keys, P, T, s.argmax, stream);
+  }
+  if (Vp != V) {  // the ranks' slices [T, V / P], gathered [P, T, V / P], laid out [T, V]
     SPECDEC_RETURN_IF_ERROR(m.comm->all_gather(s.logits, T * Vp, s.gathered));
     for (int q = 0; q < m.shard.size; ++q) {
       SPECDEC_CUDA_TRY(cudaMemcpy2DAsync(s.logits + q * Vp, static_cast<size_t>(V) * 4,
@@ -987,6 +1048,38 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
                                          cudaMemcpyDeviceToDevice, stream));
     }
   }
+  return Status::Ok();
+}
+
+inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
+                           std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
+                           CudaForwardOutput* out) {
+  int64_t const T = plan.num_tokens(), H = m.config.hidden_size;
+  int const A = static_cast<int>(aux_layers.size());
+  BatchMeta bm;
+  SPECDEC_RETURN_IF_ERROR(build_meta(*cache, plan, &bm));
+  KimiCudaModel::Scratch s{};
+  SPECDEC_RETURN_IF_ERROR(
+      reserve_scratch(m, T, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
+  SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
+                                   cudaMemcpyHostToDevice, stream));
+  ForwardShape shape;
+  shape.tokens = T;
+  shape.batch = static_cast<int64_t>(plan.segments.size());
+  shape.meta_ints = static_cast<int64_t>(bm.host.size());
+  shape.max_pages = bm.max_pages;
+  shape.words = bm.words;
+  shape.max_slots = bm.max_slots;
+  shape.tree = plan.kind == ForwardKind::kVerify;
+  shape.mode = mode;
+  shape.aux_layers.assign(aux_layers.begin(), aux_layers.end());
+  shape.cache = cache->layer(0);
+  auto queue = [&] { return cuda_forward_queue(m, cache, bm, shape, s, stream); };
+  // Prefill chunks are eager: their shapes rarely repeat, and each would evict a step's graph.
+  SPECDEC_RETURN_IF_ERROR(plan.kind == ForwardKind::kPrefill ? queue()
+                                                             : m.graphs.run(shape, stream, queue));
+  out->argmax = mode == LogitsMode::kArgmax ? s.argmax : nullptr;
+  out->vocab = mode == LogitsMode::kArgmax ? m.vocab.size() : m.config.vocab_size;
   out->logits = s.logits;
   out->aux = A > 0 ? s.aux : nullptr;
   out->tokens = T;

@@ -11,6 +11,9 @@
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
 //                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
+//   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
+//                   one block per expert, every token (the fp32 router of a decode / verify step
+//                   in one launch; a GEMM library runs T = 1 as a dot and a reduction kernel)
 //   localize_expert_ids  ids [n] := local_expert_id(id, begin, end): an expert-parallel rank's
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
 //   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
@@ -21,16 +24,22 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/math.hpp"
+#include "specdec/core/warp.cuh"
 
 namespace specdec::model::kimi::cuda {
 
-// embed_rows, rms_norm_rows: one block of 1024 threads per row with 4 loads in flight per thread,
-// so a 7168-wide row is 2 rounds of memory latency (a 256-thread loop waited ~28 times: 12 us).
+// embed_rows, rms_norm_rows: one block of 1024 threads per row. rms_norm_rows holds a row of up
+// to kNormCached values in registers (kNormCached / 1024 per thread), its x and weight loads all
+// issued at once: one round of memory latency before the reduction, none after (reloading x and
+// the weight after the reduction cost 7.5 us per 7168-wide row); longer rows loop twice.
 constexpr int kNormThreads = 1024;
+constexpr int kNormPerThread = 8;
+constexpr int kNormCached = kNormThreads * kNormPerThread;
 
 static __global__ void embed_rows_kernel(uint16_t const* __restrict__ table,
                                          int32_t const* __restrict__ tokens, int64_t H,
@@ -48,31 +57,57 @@ inline Status embed_rows(uint16_t const* table, int32_t const* tokens, int64_t T
   return cuda_launch_status("embed_rows");
 }
 
-static __global__ void rms_norm_rows_kernel(float const* __restrict__ x, int64_t x_stride,
-                                            uint16_t const* __restrict__ weight, int n, double eps,
-                                            float* out, int64_t out_stride,
-                                            int32_t const* __restrict__ out_rows,
-                                            uint16_t* out_bf16, int64_t bf16_stride) {
+// out = weight * (x * inv) in double, rounded to float; written as fp32 and / or bf16.
+__device__ __forceinline__ void rms_norm_store(float xj, uint16_t wj, double inv, float* yr,
+                                               uint16_t* br, int j) {
+  float const y = static_cast<float>(static_cast<double>(bf16_to_float(wj)) *
+                                     (static_cast<double>(xj) * inv));
+  if (yr) yr[j] = y;
+  if (br) br[j] = float_to_bf16(y);
+}
+
+static __global__ void __launch_bounds__(kNormThreads)
+    rms_norm_rows_kernel(float const* __restrict__ x, int64_t x_stride,
+                         uint16_t const* __restrict__ weight, int n, double eps, float* out,
+                         int64_t out_stride, int32_t const* __restrict__ out_rows,
+                         uint16_t* out_bf16, int64_t bf16_stride) {
   __shared__ double partial[kNormThreads / 32];
   int64_t const t = blockIdx.x;
   float const* xr = x + t * x_stride;
+  bool const cached = n <= kNormCached;
+  float xv[kNormPerThread];
+  uint16_t wv[kNormPerThread];
   double ss = 0.0;
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      int const j = threadIdx.x + i * kNormThreads;
+      xv[i] = j < n ? xr[j] : 0.0f;
+      wv[i] = j < n ? weight[j] : uint16_t{0};
+    }
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) ss += static_cast<double>(xv[i]) * xv[i];
+  } else {
 #pragma unroll 4
-  for (int j = threadIdx.x; j < n; j += blockDim.x) ss += static_cast<double>(xr[j]) * xr[j];
+    for (int j = threadIdx.x; j < n; j += kNormThreads) ss += static_cast<double>(xr[j]) * xr[j];
+  }
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
   __syncthreads();
   double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += partial[w];
+  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
   double const inv = 1.0 / sqrt(total / n + eps);
   float* yr = out ? out + (out_rows ? static_cast<int64_t>(out_rows[t]) : t) * out_stride : nullptr;
   uint16_t* br = out_bf16 ? out_bf16 + t * bf16_stride : nullptr;
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      int const j = threadIdx.x + i * kNormThreads;
+      if (j < n) rms_norm_store(xv[i], wv[i], inv, yr, br, j);
+    }
+  } else {
 #pragma unroll 4
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    float const y = static_cast<float>(static_cast<double>(bf16_to_float(weight[j])) *
-                                       (static_cast<double>(xr[j]) * inv));
-    if (yr) yr[j] = y;
-    if (br) br[j] = float_to_bf16(y);
+    for (int j = threadIdx.x; j < n; j += kNormThreads) rms_norm_store(xr[j], weight[j], inv, yr, br, j);
   }
 }
 
@@ -158,6 +193,64 @@ inline Status to_bf16(float const* x, int64_t n, uint16_t* y, cudaStream_t strea
   if (n == 0) return Status::Ok();
   to_bf16_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(x, n, y);
   return cuda_launch_status("to_bf16");
+}
+
+constexpr int kRouterMaxTokens = 8;
+constexpr int kRouterWarps = 8;
+
+// Block e: expert e's row over its 8 warps (thread i takes float4 columns i, i + 256, ...; all
+// loads of a 7168-wide row in flight at once), each token's sum per thread in column order, a
+// butterfly over each warp, then the warps' sums in warp order: a fixed order.
+static __global__ void __launch_bounds__(kRouterWarps * 32)
+    router_logits_kernel(float const* __restrict__ x, float const* __restrict__ gate, int T,
+                         int64_t E, int64_t H, float* __restrict__ logits) {
+  __shared__ float partial[kRouterWarps][kRouterMaxTokens];
+  int64_t const e = blockIdx.x;
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float4 const* g4 = reinterpret_cast<float4 const*>(gate + e * H);
+  float sum[kRouterMaxTokens] = {};
+  int64_t const H4 = H / 4;
+#pragma unroll 4
+  for (int64_t k = threadIdx.x; k < H4; k += kRouterWarps * 32) {
+    float4 const w = __ldcs(g4 + k);
+#pragma unroll
+    for (int t = 0; t < kRouterMaxTokens; ++t) {
+      if (t >= T) break;
+      float4 const v = __ldg(reinterpret_cast<float4 const*>(x + t * H) + k);
+      sum[t] = fmaf(v.x, w.x, fmaf(v.y, w.y, fmaf(v.z, w.z, fmaf(v.w, w.w, sum[t]))));
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRouterMaxTokens; ++t) {
+    if (t >= T) break;
+    float const v = warp_sum(sum[t]);
+    if (lane == 0) partial[warp][t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x >= T) return;
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kRouterWarps; ++w) total += partial[w][threadIdx.x];
+  logits[threadIdx.x * E + e] = total;
+}
+
+// Whether router_logits takes the shape (else a GEMM): few tokens, 16-byte rows.
+inline bool router_logits_fits(int64_t T, int64_t H, float const* x, float const* gate) {
+  return T >= 1 && T <= kRouterMaxTokens && H % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(gate) % 16 == 0;
+}
+
+inline Status router_logits(float const* x, float const* gate, int64_t T, int64_t E, int64_t H,
+                            float* logits, cudaStream_t stream) {
+  if (!router_logits_fits(T, H, x, gate)) {
+    return Status::InvalidArgument("router_logits: " + std::to_string(T) + " tokens x hidden " +
+                                   std::to_string(H) + " (needs T <= " +
+                                   std::to_string(kRouterMaxTokens) +
+                                   ", H % 4 == 0, 16-byte aligned x and gate)");
+  }
+  router_logits_kernel<<<static_cast<unsigned>(E), kRouterWarps * 32, 0, stream>>>(
+      x, gate, static_cast<int>(T), E, H, logits);
+  return cuda_launch_status("router_logits");
 }
 
 // An expert-parallel rank holds experts [begin, end): expert id is its local expert id - begin;

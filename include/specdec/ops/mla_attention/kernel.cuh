@@ -17,7 +17,8 @@
 //        rescale factor alpha to shared memory
 //     4. context: thread = (head half, float4 column of c): acc[G/2] float4 *= alpha, += p * row
 //   end: chunks == 1: out = acc / sum; else (acc, max, sum) to the workspace and
-//   mla_attention_combine_kernel (one block per (token, head)) merges the chunks in chunk order.
+//   mla_attention_combine_kernel (one block per (token, head)) merges the chunks in a fixed
+//   order (4 interleaved parts, each in chunk order, then the parts in order).
 // Tokens of one request (prefill, verify) each read the request's rows again: blocks are per
 // token; sharing key tiles between a request's tokens (a [N * heads, W] x [W, slots] product on
 // tensor cores) is the next step for prefill and verify. The fp32 FMA work (~1100 FMA per slot
@@ -43,7 +44,9 @@ namespace mla_attention_detail {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = kMlaAttentionTile;  // 32 slots: one per lane in the softmax
-constexpr int kCombineThreads = kMlaAttentionMaxLatent / 4;  // one float4 column each
+constexpr int kCombineColumns = kMlaAttentionMaxLatent / 4;  // one float4 column per thread
+constexpr int kCombineParts = 4;  // the chunks split 4 ways, parts merged in order
+constexpr int kCombineThreads = kCombineColumns * kCombineParts;
 static_assert(kTile == 32, "the softmax maps one lane to one slot of a tile");
 static_assert(kMlaAttentionMaxLatent / 4 == kThreads / 2, "two head halves of c / 4 column threads");
 
@@ -403,14 +406,20 @@ static __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// One block per (token, head): merges the token's used chunks in chunk order.
+// One block per (token, head): merges the token's used chunks. Thread (part, column) takes the
+// chunks k = part, part + kCombineParts, ... of one float4 column (so a decode's ~33 chunks are
+// ~9 dependent rounds of loads per thread, not 33); the parts' maxima, weight sums and columns
+// meet in shared memory and are merged in part order. The order depends on (T, heads,
+// max_slots) only.
 static __global__ void __launch_bounds__(kCombineThreads)
     mla_attention_combine_kernel(__grid_constant__ MlaAttentionParams const p,
                                  MlaAttentionPlan const plan) {
+  __shared__ float s_max[kCombineParts], s_sum[kCombineParts];
+  __shared__ float4 s_o[kCombineParts][kCombineColumns];
   int const t = static_cast<int>(blockIdx.x / p.heads), h = static_cast<int>(blockIdx.x % p.heads);
   int const G = plan.group, g = h / G, hl = h - g * G;
-  int const c4 = p.kv_lora_rank >> 2, col4 = threadIdx.x;
-  if (col4 >= c4) return;
+  int const c4 = p.kv_lora_rank >> 2;
+  int const part = threadIdx.x / kCombineColumns, col4 = threadIdx.x % kCombineColumns;
   TokenView const v = token_view(p, t);
   int64_t used = 0;
   if (v.n > 0) {
@@ -423,15 +432,22 @@ static __global__ void __launch_bounds__(kCombineThreads)
   float const* const wml =
       reinterpret_cast<float const*>(p.workspace) + partials * G * p.kv_lora_rank;
   float4 const* const wacc = reinterpret_cast<float4 const*>(p.workspace);
-  // Unrolled so several chunks' loads are in flight at once; the sums keep chunk order.
+  // The part's maximum (every column thread of the part computes the same), then the block's.
   float mx = -INFINITY;
-#pragma unroll 8
-  for (int64_t k = 0; k < used; ++k) mx = fmaxf(mx, wml[((first + k) * G + hl) * 2]);
+#pragma unroll 4
+  for (int64_t k = part; k < used; k += kCombineParts) {
+    mx = fmaxf(mx, wml[((first + k) * G + hl) * 2]);
+  }
+  if (col4 == 0) s_max[part] = mx;
+  __syncthreads();
+  mx = s_max[0];
+#pragma unroll
+  for (int q = 1; q < kCombineParts; ++q) mx = fmaxf(mx, s_max[q]);
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (mx != -INFINITY) {
-    float sum = 0.0f;
-#pragma unroll 8
-    for (int64_t k = 0; k < used; ++k) {
+  float sum = 0.0f;
+  if (mx != -INFINITY && col4 < c4) {
+#pragma unroll 4
+    for (int64_t k = part; k < used; k += kCombineParts) {
       float const m = wml[((first + k) * G + hl) * 2];
       float const l = wml[((first + k) * G + hl) * 2 + 1];
       float const w = expf(m - mx);  // 0 for a chunk without a visible slot (m = -inf)
@@ -439,8 +455,20 @@ static __global__ void __launch_bounds__(kCombineThreads)
       float4 const a = wacc[((first + k) * G + hl) * c4 + col4];
       fma4(o, w, a);
     }
-    o = make_float4(o.x / sum, o.y / sum, o.z / sum, o.w / sum);
   }
+  if (col4 == 0) s_sum[part] = sum;
+  s_o[part][col4] = o;
+  __syncthreads();
+  if (part != 0 || col4 >= c4) return;
+  float total = s_sum[0];
+  o = s_o[0][col4];
+#pragma unroll
+  for (int q = 1; q < kCombineParts; ++q) {
+    total += s_sum[q];
+    float4 const b = s_o[q][col4];
+    o = make_float4(o.x + b.x, o.y + b.y, o.z + b.z, o.w + b.w);
+  }
+  if (mx != -INFINITY) o = make_float4(o.x / total, o.y / total, o.z / total, o.w / total);
   reinterpret_cast<float4*>(p.out)[(static_cast<int64_t>(t) * p.heads + h) * c4 + col4] = o;
 }
 
