@@ -38,7 +38,7 @@
 //                         [--speculative-eagle-topk K] [--speculative-num-draft-tokens N]
 //                         [--no-self-check] [--tp-size N] [--moe-split expert|tensor]
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
-//                         [--random-weights SEED]
+//                         [--random-weights SEED] [--disable-cuda-graph]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -46,7 +46,9 @@
 //       an error naming the fix, and the effective configuration is printed in one line on
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
-//       and the EAGLE draft on the GPU). --json prints one object: output_ids,
+//       and the EAGLE draft on the GPU) on a stream of its own; the target's decode and verify
+//       forwards are captured as CUDA graphs (up to kCudaGraphShapes shapes, replayed after;
+//       --disable-cuda-graph launches every kernel from the host). --json prints one object: output_ids,
 //       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
 //       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
 //       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
@@ -185,7 +187,7 @@ void usage(std::FILE* out) {
                "                             [--speculative-num-draft-tokens N] [--no-self-check]\n"
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
-               "                             [--random-weights SEED]\n"
+               "                             [--random-weights SEED] [--disable-cuda-graph]\n"
                "       specdec-kimi serve --model-path DIR [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
                "                          [--served-model-name NAME] [--max-running-requests N]\n"
@@ -538,6 +540,7 @@ struct GenerateFlags {
   int32_t top_k = 0;
   float top_p = 1.0f;
   bool json = false, self_check = true;
+  bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
   bool have_steps = false, have_topk = false, have_nodes = false;
   int tp_size = 1, nnodes = 1, node_rank = 0;
@@ -579,6 +582,31 @@ Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
 }
 #endif
 
+// Decode / verify forward shapes the CUDA target keeps as graphs (KimiCudaModel::graphs: least
+// recently used leave); a steady decode uses one per batch size and 256-slot context bucket.
+constexpr size_t kCudaGraphShapes = 16;
+
+// The executor an engine runs on: the host, or a stream of this rank's GPU made for the engine
+// (a created stream: the legacy default stream cannot be captured into a graph).
+template <class Exec>
+struct EngineExecutor {
+  Exec exec{};
+  Status create() { return Status::Ok(); }
+};
+#if defined(__CUDACC__)
+template <>
+struct EngineExecutor<specdec::CudaExecutor> {
+  specdec::CudaExecutor exec{};
+  EngineExecutor() = default;
+  EngineExecutor(EngineExecutor const&) = delete;
+  EngineExecutor& operator=(EngineExecutor const&) = delete;
+  ~EngineExecutor() {
+    if (exec.stream != nullptr) cudaStreamDestroy(exec.stream);
+  }
+  Status create() { return specdec::cuda_status(cudaStreamCreate(&exec.stream), "cudaStreamCreate"); }
+};
+#endif
+
 // SpecEngine<P, Exec> over `target`: the draft loaded for P on Exec (load_draft) into *draft,
 // the engine created, its configuration printed, the self-check run (also the warm-up, so a
 // timed request does not carry the first call's set-up). Every tensor-parallel rank runs it;
@@ -587,7 +615,7 @@ template <class P, class Exec>
 Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                     typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target, bool leader,
                     std::remove_const_t<typename specdec::engine::SpecEngine<P, Exec>::DraftModel>* draft,
-                    specdec::engine::SpecEngine<P, Exec>* engine) {
+                    Exec exec, specdec::engine::SpecEngine<P, Exec>* engine) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   if constexpr (Engine::kDraftsWithModel) {
     std::optional<specdec::io::ProgressBar> bar;
@@ -599,9 +627,18 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
   SPECDEC_RETURN_IF_ERROR(
-      Engine::create(target, Engine::kDraftsWithModel ? draft : nullptr, eo, engine));
+      Engine::create(target, Engine::kDraftsWithModel ? draft : nullptr, eo, engine, exec));
+  std::string graphs;
+#if defined(__CUDACC__)
+  if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
+    target->graphs.set_capacity(g.cuda_graph ? kCudaGraphShapes : 0);
+    graphs = g.cuda_graph ? "; cuda graph: decode and verify forwards (up to " +
+                                std::to_string(kCudaGraphShapes) + " shapes)"
+                          : "; cuda graph: off (--disable-cuda-graph)";
+  }
+#endif
   if (leader) {
-    std::fprintf(stderr, "specdec-kimi: speculative config: %s%s; tp=%d%s\n",
+    std::fprintf(stderr, "specdec-kimi: speculative config: %s%s; tp=%d%s%s\n",
                  specdec::describe<P>().c_str(),
                  g.draft_path.empty() ? "" : (" draft=" + g.draft_path).c_str(), g.tp_size,
                  g.tp_size == 1 ? ""
@@ -610,7 +647,8 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                                    (P::kKind == specdec::DraftKind::kEagle
                                         ? "whole on every rank for the EAGLE-1/2 draft)"
                                         : "split by vocabulary)"))
-                                      .c_str());
+                                      .c_str(),
+                 graphs.c_str());
   }
   if (g.self_check) {
     specdec::engine::SelfCheckReport report;
@@ -634,8 +672,11 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   std::vector<int32_t> const& ids, bool leader, nlohmann::json* j) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   std::remove_const_t<typename Engine::DraftModel> draft;
+  EngineExecutor<Exec> exec;
+  SPECDEC_RETURN_IF_ERROR(exec.create());
   Engine engine;
-  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, leader, &draft, &engine)));
+  SPECDEC_RETURN_IF_ERROR(
+      (start_engine<P, Exec>(g, m, target, leader, &draft, exec.exec, &engine)));
   specdec::engine::GenerationRequest r;
   r.prompt = ids;
   r.max_new_tokens = g.o.max_new_tokens;
@@ -799,6 +840,7 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--device")) g.device = f.value();
   else if (f.is("--page-size")) g.o.page_size = f.number<int>();
   else if (f.is("--no-self-check")) g.self_check = false;
+  else if (f.is("--disable-cuda-graph")) g.cuda_graph = false;
   else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
   else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
   else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), g.have_steps = true;
@@ -1026,9 +1068,12 @@ Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint
                   specdec::engine::LockstepChannel* lockstep) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   std::remove_const_t<typename Engine::DraftModel> draft;
+  EngineExecutor<Exec> exec;
+  SPECDEC_RETURN_IF_ERROR(exec.create());
   Engine engine;
   bool const leader = rank == 0;
-  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, leader, &draft, &engine)));
+  SPECDEC_RETURN_IF_ERROR(
+      (start_engine<P, Exec>(g, m, target, leader, &draft, exec.exec, &engine)));
   specdec::engine::SessionOptions const so = session_options(g, sf);
   if (!leader) {
     typename Engine::Session session(engine);
@@ -1058,6 +1103,9 @@ Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint
   info.speculative_eagle_topk = P::kTopK;
   info.speculative_num_draft_tokens = P::kNodes;
   info.device = g.device;
+#if defined(__CUDACC__)
+  info.cuda_graph = std::is_same_v<Exec, specdec::CudaExecutor> && g.cuda_graph;
+#endif
   info.context_length = sf.context_length;
   info.vocab_size = m.config.vocab_size;
   for (int64_t id : m.config.eos_token_ids) info.eos_ids.push_back(static_cast<int32_t>(id));

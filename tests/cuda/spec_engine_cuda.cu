@@ -15,6 +15,8 @@
 //     outputs alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
+//   * with the target's forwards replayed from CUDA graphs the engine's output and acceptance
+//     are the eager engine's, exactly;
 //   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
 //     1) without a draft, with an n-gram chain and with an EAGLE-3 tree is the target's exact one
 //     (chi-square at p-value 1e-4, 3000 draws each), computed from the fp32 CPU executor's logits
@@ -164,6 +166,45 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
   check_lossless<E3<TreeShape<8, 3, 64>>>(requests, want);
   check_lossless<EG<Chain<3>>>(requests, want);
   check_lossless<EG<TreeShape<4, 3, 16>>>(requests, want);
+}
+
+// The engine on a stream of its own, the target's decode / verify forwards replayed from CUDA
+// graphs (KimiCudaModel::graphs) against the same engine launching them eagerly: the same tokens
+// and the same acceptance, exactly (captured and eager forwards give the same bits).
+template <class P>
+void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
+  CAPTURE(describe<P>());
+  CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  std::vector<GenerationResult> results[2];
+  SpecMetrics totals[2];
+  for (int graphed = 0; graphed < 2; ++graphed) {
+    models().gpu.graphs.set_capacity(graphed ? 16 : 0);
+    SpecEngine<P, CudaExecutor> e;
+    Status s = SpecEngine<P, CudaExecutor>::create(
+        &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e,
+        CudaExecutor{stream});
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    int64_t const replays = models().gpu.graphs.replays();
+    s = e.generate(requests, &results[graphed], &totals[graphed]);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    if (graphed) CHECK(models().gpu.graphs.replays() > replays);
+  }
+  models().gpu.graphs.set_capacity(0);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    CHECK(results[1][r].output_ids == results[0][r].output_ids);
+    CHECK(results[1][r].metrics.verify_ct == results[0][r].metrics.verify_ct);
+  }
+  CHECK(totals[1].accept_length() == totals[0].accept_length());
+}
+
+TEST_CASE("engine (cuda): target forwards replayed from CUDA graphs give the eager output") {
+  auto const requests = mixed_requests();
+  check_graphs_equal_eager<Plain>(requests);
+  check_graphs_equal_eager<E3<TreeShape<4, 3, 16>>>(requests);
 }
 
 // Requests admitted one per step into a SpecEngine::Session of `max_running` slots, prefilled

@@ -84,6 +84,7 @@ class Scheduler final : public ServingBackend {
     s->stats_.queue_capacity = s->options_.max_queued;
     s->stats_.kv_pages_total = s->options_.session.num_pages;
     s->stats_.page_size = engine->options().page_size;
+    s->stats_.cuda_graph = s->info_.cuda_graph;
     s->info_.max_running_requests = s->options_.session.max_running;
     s->info_.prefill_chunk = s->options_.session.max_prefill_tokens;
     s->worker_ = std::thread([p = s.get()] { p->loop(); });

@@ -146,6 +146,7 @@ struct ServingInfo {
   int max_running_requests = 0;
   int64_t prefill_chunk = 0;       // tokens per prefill chunk (0: whole prompts)
   std::vector<int32_t> eos_ids;    // the target config's
+  bool cuda_graph = false;         // the target's decode / verify forwards replay CUDA graphs
 };
 
 class ServingBackend {
