@@ -598,8 +598,9 @@ TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for b
     REQUIRE((a.argmax == nullptr) == (b.argmax == nullptr));
     if (a.argmax != nullptr) {
       std::vector<int32_t> ga(static_cast<size_t>(a.tokens)), gb(ga.size());
-      REQUIRE(cudaMemcpy(ga.data(), a.argmax, 4 * ga.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
-      REQUIRE(cudaMemcpy(gb.data(), b.argmax, 4 * gb.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      size_t const bytes = 4 * ga.size();
+      REQUIRE(cudaMemcpy(ga.data(), a.argmax, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(cudaMemcpy(gb.data(), b.argmax, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
       CHECK_MESSAGE(ga == gb, what, ": argmax differs");
     }
     ++compared;

@@ -27,7 +27,9 @@ TEST_CASE("linear_bf16 reference: exact on integer inputs, with strides, beta an
   for (size_t i = 0; i < wi.size(); ++i) w[i] = float_to_bf16(static_cast<float>(wi[i]));
   auto exact = [&](int t, int64_t o) {
     int64_t s = 0;
-    for (int64_t k = 0; k < in; ++k) s += int64_t{xi[static_cast<size_t>(t * ldx + k)]} * wi[static_cast<size_t>(o * in + k)];
+    for (int64_t k = 0; k < in; ++k) {
+      s += int64_t{xi[static_cast<size_t>(t * ldx + k)]} * wi[static_cast<size_t>(o * in + k)];
+    }
     return s;
   };
   LinearBf16Params p;

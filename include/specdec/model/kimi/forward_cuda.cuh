@@ -1029,7 +1029,8 @@ inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta co
   int64_t const Vp = m.vocab.size();
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(m.cublas(), T, Vp, H, s.xn_bf, H, m.lm_head, s.logits,
                                     CUDA_R_32F, Vp, 0.0f, "gemm lm_head"));
-  if (shape.mode == LogitsMode::kArgmax) {  // one key per row from every rank, never the [T, V] logits
+  // kArgmax: one key per row from every rank, never the [T, V] logits.
+  if (shape.mode == LogitsMode::kArgmax) {
     int64_t const P = m.comm ? m.comm->size() : 1;
     SPECDEC_RETURN_IF_ERROR(cuda::row_argmax_keys(s.logits, T, Vp, m.vocab.begin, s.keys, stream));
     if (m.comm) {

@@ -107,7 +107,9 @@ static __global__ void __launch_bounds__(kNormThreads)
     }
   } else {
 #pragma unroll 4
-    for (int j = threadIdx.x; j < n; j += kNormThreads) rms_norm_store(xr[j], weight[j], inv, yr, br, j);
+    for (int j = threadIdx.x; j < n; j += kNormThreads) {
+      rms_norm_store(xr[j], weight[j], inv, yr, br, j);
+    }
   }
 }
 
