@@ -16,10 +16,12 @@
 # generate --input-ids of tokenize's ids and adds "prompt_ids" and "text" (= tokenize --decode of
 # output_ids), --chat starts with <|im_user|> as tokenize --chat does. Without PCRE2, --prompt and
 # tokenize exit 1 naming PCRE2. Either way both or neither of --prompt / --input-ids exit 2.
-# init-random --config-only with generate --random-weights: see below.
+# init-random --config-only with generate --random-weights: see below. --speculative-config auto:
+# see its block.
 set(scratch "${DIR}-text.txt" "${DIR}-prompt.txt" "${DIR}-ids.txt" "${DIR}-special.txt"
     "${DIR}-pat")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" ${scratch})
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
+     ${scratch})
 function(run_kimi out_var rc_var)
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
@@ -238,6 +240,58 @@ expect_refusal("heads that do not split" "rank [0-2] of 3: .*num_attention_heads
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 
+# --speculative-config auto: every compiled tree of the algorithm measured against plain
+# decoding on the request, the best predicted one used. A random EAGLE-3 draft accepts nothing:
+# plain decoding is chosen, and the output is plain decoding's. On a target whose greedy text
+# repeats (--repeat-period), n-gram lookup accepts almost every draft: a NGRAM tree is chosen and
+# the output is that target's plain output. Misuse is refused naming the fix.
+execute_process(COMMAND "${KIMI}" ${greedy} --speculative-algorithm EAGLE3
+                --speculative-draft-model-path "${DIR}-draft" --speculative-config auto
+                OUTPUT_VARIABLE auto_json ERROR_VARIABLE auto_err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "generate --speculative-config auto (EAGLE3) failed (${rc}): ${auto_err}")
+endif()
+string(JSON auto_ids GET "${auto_json}" output_ids)
+string(JSON auto_use GET "${auto_json}" advisor speculating)
+string(JSON auto_candidates LENGTH "${auto_json}" advisor candidates)
+if(NOT auto_ids STREQUAL plain_ids OR auto_use OR NOT auto_candidates EQUAL 3 OR
+   NOT auto_err MATCHES "advisor \\(12 calibration tokens per configuration\\): not speculating")
+  message(FATAL_ERROR "auto (a random EAGLE-3 draft): ${auto_json}${auto_err}")
+endif()
+run_kimi(out rc init-random --preset tiny --out "${DIR}-repeat" --seed 4 --repeat-period 8)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "init-random --repeat-period 8 failed (${rc}): ${out}")
+endif()
+set(repeat generate --model-path "${DIR}-repeat" --input-ids 0,1,2,3,4,5,6,7,0,1
+    --max-new-tokens 48 --ignore-eos --json)
+execute_process(COMMAND "${KIMI}" ${repeat} OUTPUT_VARIABLE repeat_plain ERROR_QUIET
+                RESULT_VARIABLE rc)
+execute_process(COMMAND "${KIMI}" ${repeat} --speculative-algorithm NGRAM --speculative-config auto
+                OUTPUT_VARIABLE auto_json ERROR_VARIABLE auto_err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "generate --speculative-config auto (NGRAM) failed (${rc}): ${auto_err}")
+endif()
+string(JSON auto_ids GET "${auto_json}" output_ids)
+string(JSON plain_repeat_ids GET "${repeat_plain}" output_ids)
+string(JSON auto_use GET "${auto_json}" advisor speculating)
+string(JSON auto_config GET "${auto_json}" speculative_config)
+string(JSON auto_accept GET "${auto_json}" accept_length)
+if(NOT auto_ids STREQUAL plain_repeat_ids OR NOT auto_use OR NOT auto_config MATCHES "^NGRAM" OR
+   auto_accept LESS 2 OR
+   NOT auto_err MATCHES "advisor \\(32 calibration tokens per configuration\\): speculating with NGRAM")
+  message(FATAL_ERROR "auto (n-gram on repeating text): ${auto_json}${auto_err}")
+endif()
+expect_refusal("auto with a tree flag" "--speculative-config auto chooses --speculative-num-steps"
+               --speculative-algorithm NGRAM --speculative-config auto --speculative-num-steps 2)
+expect_refusal("auto without an algorithm" "with NONE there is nothing to choose"
+               --speculative-config auto)
+expect_refusal("auto at --tp-size 2" "--speculative-config auto runs at --tp-size 1"
+               --speculative-algorithm NGRAM --speculative-config auto --tp-size 2)
+run_kimi(out rc ${greedy} --speculative-algorithm NGRAM --speculative-config fastest)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--speculative-config fastest: the one value is auto")
+  message(FATAL_ERROR "--speculative-config fastest gave exit ${rc}: ${out}")
+endif()
+
 # Text in and out.
 function(kimi_stdout out_var)  # stdout exactly; a non-zero exit fails the test
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
@@ -366,4 +420,5 @@ endif()
 
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless; "
                "${text_summary}")
-file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" ${scratch})
+file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
+     ${scratch})

@@ -39,6 +39,7 @@
 //                         [--no-self-check] [--tp-size N] [--moe-split expert|tensor]
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //                         [--random-weights SEED] [--disable-cuda-graph]
+//                         [--speculative-config auto]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -48,10 +49,15 @@
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
 //       and the EAGLE draft on the GPU) on a stream of its own; the target's decode and verify
 //       forwards are captured as CUDA graphs (up to kCudaGraphShapes shapes, replayed after;
-//       --disable-cuda-graph launches every kernel from the host). --json prints one object: output_ids,
-//       tokens_per_s (output tokens / wall time of the request, prefill and any first-call set-up
-//       included), decode_tokens_per_s (tokens after the first / time of the speculative steps),
-//       accept_length, accept_rate, per_position_accept, verify_ct and the time split.
+//       --disable-cuda-graph launches every kernel from the host). --speculative-config auto
+//       (with an algorithm, without the tree flags, at --tp-size 1) measures plain decoding and
+//       every compiled tree of the algorithm on the request's first 32 tokens, predicts each
+//       one's throughput (engine/advisor.hpp) and runs the request with the best, or plainly when
+//       none is predicted to gain; the JSON adds "advisor". --json prints one object:
+//       output_ids, tokens_per_s (output tokens / wall time of the request, prefill and any
+//       first-call set-up included), decode_tokens_per_s (tokens after the first / time of the
+//       speculative steps), accept_length, accept_rate, per_position_accept, verify_ct and the
+//       time split.
 //       The prompt is --input-ids or --prompt TEXT (exactly one): the text encoded by the
 //       tokenizer (--tokenizer DIR, default the --model-path DIR) with special tokens' texts
 //       matched, or with --chat as one user message in Kimi's chat template plus the generation
@@ -122,6 +128,7 @@
 #include "specdec/core/dispatch.hpp"
 #include "specdec/dist/communicator.hpp"
 #include "specdec/dist/shard.hpp"
+#include "specdec/engine/advisor.hpp"
 #include "specdec/engine/scheduler.hpp"
 #include "specdec/engine/self_check.hpp"
 #include "specdec/engine/spec_engine.hpp"
@@ -166,6 +173,21 @@ using ServedPolicies = specdec::PolicyList<
     EaglePolicy<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
     NGramPolicy<specdec::TreeShape<4, 2, 8>>>;
 
+// --speculative-config auto's candidates: the compiled plain configuration first, then every
+// compiled one of spec's algorithm and layer set.
+std::vector<specdec::SpecConfig> auto_candidates(specdec::SpecConfig const& spec) {
+  std::vector<specdec::SpecConfig> out;
+  for (specdec::SpecConfig const& c : ServedPolicies::configs()) {
+    if (c.algorithm == "NONE") out.insert(out.begin(), c);
+  }
+  for (specdec::SpecConfig c : ServedPolicies::configs()) {
+    if (c.algorithm != spec.algorithm || c.layers != spec.layers) continue;
+    c.num_target_layers = spec.num_target_layers;
+    out.push_back(c);
+  }
+  return out;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: specdec-kimi init-random --preset tiny|kimi-k2.5|kimi-k2.5-1gpu --out DIR\n"
@@ -188,6 +210,7 @@ void usage(std::FILE* out) {
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
                "                             [--random-weights SEED] [--disable-cuda-graph]\n"
+               "                             [--speculative-config auto]\n"
                "       specdec-kimi serve --model-path DIR [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
                "                          [--served-model-name NAME] [--max-running-requests N]\n"
@@ -543,6 +566,7 @@ struct GenerateFlags {
   bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
   bool have_steps = false, have_topk = false, have_nodes = false;
+  bool auto_config = false;  // --speculative-config auto (generate): calibrate, then choose
   int tp_size = 1, nnodes = 1, node_rank = 0;
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
   std::string dist_init_addr;
@@ -603,7 +627,9 @@ struct EngineExecutor<specdec::CudaExecutor> {
   ~EngineExecutor() {
     if (exec.stream != nullptr) cudaStreamDestroy(exec.stream);
   }
-  Status create() { return specdec::cuda_status(cudaStreamCreate(&exec.stream), "cudaStreamCreate"); }
+  Status create() {
+    return specdec::cuda_status(cudaStreamCreate(&exec.stream), "cudaStreamCreate");
+  }
 };
 #endif
 
@@ -669,7 +695,8 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
 template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
-                  std::vector<int32_t> const& ids, bool leader, nlohmann::json* j) {
+                  std::vector<int32_t> const& ids, bool leader, nlohmann::json* j,
+                  specdec::engine::SpecMetrics* metrics = nullptr) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   std::remove_const_t<typename Engine::DraftModel> draft;
   EngineExecutor<Exec> exec;
@@ -694,6 +721,7 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   // After the prefill (and its first token): the speculative steps alone.
   double const steps_s = total.draft_s + total.build_s + total.verify_s + total.commit_s +
                          total.extend_s;
+  if (metrics != nullptr) *metrics = total;
   if (!leader) return Status::Ok();
   size_t const n = out[0].output_ids.size();
   *j = {{"output_ids", out[0].output_ids},
@@ -706,6 +734,76 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
         {"decode_tokens_per_s", steps_s > 0 && n > 1 ? (n - 1) / steps_s : 0.0},
         {"seconds", seconds}};
   add_metrics(total, j);
+  return Status::Ok();
+}
+
+// Tokens each configuration generates to be measured by --speculative-config auto.
+constexpr int kAutoCalibrationTokens = 32;
+
+// --speculative-config auto (at --tp-size 1): every candidate (auto_candidates: plain decoding
+// and each compiled tree of the algorithm) generates up to kAutoCalibrationTokens tokens of the
+// request itself; engine/advisor.hpp turns the runs' acceptance and per-phase times into
+// predicted throughputs and picks the best, or plain decoding when no tree is predicted to gain;
+// the request then runs whole with the choice. *j is that run's JSON plus "advisor".
+template <class Exec>
+Status run_auto(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
+                std::vector<int32_t> const& ids, nlohmann::json* j) {
+  namespace se = specdec::engine;
+  std::vector<specdec::SpecConfig> const configs = auto_candidates(g.spec);
+  int const calibration = std::min(g.o.max_new_tokens, kAutoCalibrationTokens);
+  std::vector<se::MeasuredRun> runs;
+  std::vector<double> measured_tps;
+  for (specdec::SpecConfig const& c : configs) {
+    GenerateFlags gc = g;
+    gc.spec = c;
+    gc.auto_config = false;
+    gc.o.max_new_tokens = calibration;
+    nlohmann::json jc;
+    se::SpecMetrics metrics;
+    SPECDEC_RETURN_IF_ERROR(specdec::dispatch<ServedPolicies>(c, [&]<class P>() -> Status {
+      return run_engine<P, Exec>(gc, m, target, ids, true, &jc, &metrics);
+    }));
+    if (metrics.verify_ct < 1) {
+      return Status::InvalidArgument(
+          "--speculative-config auto: " + specdec::describe(c) + " made no verify in " +
+          std::to_string(calibration) + " tokens (--max-new-tokens 2 or more, and a request that "
+          "does not stop at its first token, are needed to measure a step)");
+    }
+    runs.push_back({c, metrics});
+    measured_tps.push_back(jc.value("decode_tokens_per_s", 0.0));
+  }
+  se::StepCosts costs;
+  std::vector<se::Candidate> candidates;
+  SPECDEC_RETURN_IF_ERROR(se::costs_from_runs(runs, &costs, &candidates));
+  se::Advice advice;
+  SPECDEC_RETURN_IF_ERROR(se::advise(costs, candidates, &advice));
+  specdec::SpecConfig const chosen =
+      advice.use ? advice.predictions[static_cast<size_t>(advice.best)].config : configs.front();
+  std::fprintf(stderr, "specdec-kimi: advisor (%d calibration tokens per configuration): %s\n",
+               calibration, advice.summary.c_str());
+  GenerateFlags gf = g;
+  gf.spec = chosen;
+  gf.auto_config = false;
+  SPECDEC_RETURN_IF_ERROR(specdec::dispatch<ServedPolicies>(chosen, [&]<class P>() -> Status {
+    return run_engine<P, Exec>(gf, m, target, ids, true, j);
+  }));
+  nlohmann::json table = nlohmann::json::array();
+  for (size_t i = 0; i < advice.predictions.size(); ++i) {
+    se::Prediction const& p = advice.predictions[i];
+    table.push_back({{"speculative_config", specdec::describe(p.config)},
+                     {"measured_accept_length", runs[i].metrics.accept_length()},
+                     {"measured_decode_tokens_per_s", measured_tps[i]},
+                     {"predicted_accept_length", p.accept_length},
+                     {"predicted_step_ms", 1e3 * p.step_s},
+                     {"predicted_tokens_per_s", p.tokens_per_s},
+                     {"predicted_speedup", p.speedup},
+                     {"extrapolated", p.extrapolated}});
+  }
+  (*j)["advisor"] = {{"speculating", advice.use},
+                     {"chosen", specdec::describe(chosen)},
+                     {"summary", advice.summary},
+                     {"calibration_tokens", calibration},
+                     {"candidates", std::move(table)}};
   return Status::Ok();
 }
 
@@ -778,7 +876,23 @@ void check_common_flags(GenerateFlags const& g) {
 
 // The tree flags all given, and the device at hand.
 Status check_device(GenerateFlags const& g) {
-  if (g.spec.algorithm != "NONE" && !(g.have_steps && g.have_topk && g.have_nodes)) {
+  if (g.auto_config) {
+    if (g.spec.algorithm == "NONE") {
+      return Status::InvalidArgument(
+          "--speculative-config auto chooses a tree for --speculative-algorithm EAGLE3, EAGLE or "
+          "NGRAM; with NONE there is nothing to choose");
+    }
+    if (g.have_steps || g.have_topk || g.have_nodes) {
+      return Status::InvalidArgument(
+          "--speculative-config auto chooses --speculative-num-steps, --speculative-eagle-topk "
+          "and --speculative-num-draft-tokens itself: drop them, or drop --speculative-config");
+    }
+    if (g.tp_size != 1) {
+      return Status::InvalidArgument(
+          "--speculative-config auto runs at --tp-size 1 (the ranks would each measure, and "
+          "must not choose differently)");
+    }
+  } else if (g.spec.algorithm != "NONE" && !(g.have_steps && g.have_topk && g.have_nodes)) {
     // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
     return Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
@@ -828,6 +942,15 @@ Status check_speculation(specdec::io::DeepseekV3Config const& target_config, Gen
     SPECDEC_RETURN_IF_ERROR(specdec::model::eagle::check_draft_config_fits(
         draft, kind, draft.layers, "--speculative-algorithm " + g.spec.algorithm));
     if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
+  }
+  if (g.auto_config) {
+    if (auto_candidates(g.spec).size() < 2) {
+      return Status::Unsupported("--speculative-config auto: no compiled " + g.spec.algorithm +
+                                 " configuration with layers " +
+                                 specdec::format_layers(g.spec.layers) + "; compiled: " +
+                                 specdec::describe_list<ServedPolicies>());
+    }
+    return Status::Ok();
   }
   return specdec::dispatch<ServedPolicies>(g.spec, [](auto) -> Status { return Status::Ok(); });
 }
@@ -945,7 +1068,14 @@ int generate(int argc, char** argv) {
     else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
     else if (f.is("--ignore-eos")) g.o.stop_at_eos = false;
     else if (f.is("--json")) g.json = true;
-    else f.unknown();
+    else if (f.is("--speculative-config")) {
+      std::string const v = f.value();
+      if (v != "auto") {
+        fail_usage("--speculative-config " + v +
+                   ": the one value is auto (measure each compiled tree, then choose)");
+      }
+      g.auto_config = true;
+    } else f.unknown();
   }
   if (g.path.empty()) fail_usage("generate needs --model-path DIR");
   if (have_input == g.prompt.has_value()) {
@@ -1012,6 +1142,7 @@ int generate(int argc, char** argv) {
   // Every rank: its shard of the target (all of it at --tp-size 1), then the engine.
   specdec::dist::TpShard const shard = shard_of(g, kind);
   s = for_each_rank(g, m, shard, [&]<class Exec>(int rank, auto* target) -> Status {
+    if (g.auto_config) return run_auto<Exec>(g, m, target, ids, &j);
     return specdec::dispatch<ServedPolicies>(g.spec, [&]<class P>() -> Status {
       return run_engine<P, Exec>(g, m, target, ids, rank == 0, &j);
     });
@@ -1131,6 +1262,11 @@ int serve(int argc, char** argv) {
   int port = 30000, default_max_tokens = 128;
   for (Flags f(argc, argv); f.next();) {
     if (common_flag(f, g)) continue;
+    if (f.is("--speculative-config")) {
+      fail_usage("--speculative-config auto is generate's (it calibrates on the request); serve "
+                 "takes --speculative-num-steps, --speculative-eagle-topk and "
+                 "--speculative-num-draft-tokens");
+    }
     if (f.is("--host")) host = f.value();
     else if (f.is("--port")) port = f.number<int>();
     else if (f.is("--api-key")) api_key = f.value();

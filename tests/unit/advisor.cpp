@@ -1,7 +1,8 @@
 // The speculation advisor (engine/advisor.hpp): cost curves against hand values, the accept
 // length of a chain predicted from a deeper chain's per-position acceptance against a simulation
 // of the shorter chain (SpecMetrics recording both), advice against step costs computed by hand,
-// "draft nothing" when nothing beats plain decoding, and every refused input named.
+// "draft nothing" when nothing beats plain decoding, step costs from measured runs against hand
+// values, and every refused input named.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -177,4 +178,79 @@ TEST_CASE("advisor: refused inputs name the problem") {
               StatusCode::kInvalidArgument, {"draft step costs: no measured point"});
   check_error(specdec::engine::advise(costs, {{config("NONE", 0, 0, 1), {}}}, nullptr),
               StatusCode::kInvalidArgument, {"advise: out is null"});
+}
+
+namespace {
+
+// A measured run's metrics: `verifies` verifies of the given proposed depths, each accepting
+// `accepted`, and the phases' total seconds.
+SpecMetrics measured(int64_t verifies, double draft, double build, double verify, double commit,
+                     double extend, std::vector<int> const& proposed = {}, int accepted = 0) {
+  SpecMetrics m;
+  for (int64_t i = 0; i < verifies; ++i) m.record_verify(proposed, accepted, accepted + 1);
+  m.draft_s = draft;
+  m.build_s = build;
+  m.verify_s = verify;
+  m.commit_s = commit;
+  m.extend_s = extend;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("advisor: costs_from_runs turns measured runs into step costs and candidates") {
+  std::vector<specdec::engine::MeasuredRun> runs{
+      {config("NONE", 0, 0, 1), measured(10, 0.0, 0.0, 0.100, 0.010, 0.0)},
+      {config("NGRAM", 2, 1, 3), measured(5, 0.010, 0.001, 0.060, 0.004, 0.0, {1, 2}, 2)},
+      {config("NGRAM", 4, 1, 5), measured(4, 0.016, 0.002, 0.056, 0.004, 0.0, {1, 2, 3, 4}, 1)},
+      {config("NGRAM", 2, 4, 5), measured(8, 0.032, 0.004, 0.080, 0.008, 0.0, {1, 1, 2, 2}, 1)},
+  };
+  StepCosts costs;
+  std::vector<Candidate> candidates;
+  REQUIRE(specdec::engine::costs_from_runs(runs, &costs, &candidates).ok());
+  CHECK(costs.plain_step_s == doctest::Approx(0.011));
+  // verify: 1 node 10 ms; 3 nodes 12 ms; 5 nodes (14 + 10) / 2 ms.
+  REQUIRE(costs.verify.points.size() == 3);
+  CHECK(costs.verify.points[0].first == 1);
+  CHECK(costs.verify.points[0].second == doctest::Approx(0.010));
+  CHECK(costs.verify.points[1].first == 3);
+  CHECK(costs.verify.points[1].second == doctest::Approx(0.012));
+  CHECK(costs.verify.points[2].first == 5);
+  CHECK(costs.verify.points[2].second == doctest::Approx(0.012));
+  // draft step: rows 1 ((10 / 5 / 2) + (16 / 4 / 4)) / 2 ms; rows 4: 32 / 8 / 2 ms.
+  REQUIRE(costs.draft_step.points.size() == 2);
+  CHECK(costs.draft_step.points[0].second == doctest::Approx(0.001));
+  CHECK(costs.draft_step.points[1].first == 4);
+  CHECK(costs.draft_step.points[1].second == doctest::Approx(0.002));
+  // overhead per verify: (1 + 4) / 5, (2 + 4) / 4, (4 + 8) / 8 = 1.0, 1.5, 1.5 ms, averaged.
+  CHECK(costs.overhead_s == doctest::Approx((0.001 + 0.0015 + 0.0015) / 3));
+  REQUIRE(candidates.size() == 4);
+  CHECK(candidates[0].per_position_accept.empty());
+  CHECK(candidates[1].per_position_accept == std::vector<double>{1.0, 1.0});
+  CHECK(candidates[2].per_position_accept == std::vector<double>{1.0, 0.0, 0.0, 0.0});
+  Advice a;
+  REQUIRE(specdec::engine::advise(costs, candidates, &a).ok());
+  CHECK(a.use);
+  CHECK(a.best == 1);  // 3 tokens per 2 + 12 + 1.33 ms, against 1 per 11 ms plain
+  // The tree (topk 4, 2 steps) is predicted at its own measured depth: 1 + 1 + 0 tokens. A tree
+  // measured deeper than its steps (an n-gram tree's continuation) keeps every measured depth.
+  CHECK(a.predictions[3].accept_length == doctest::Approx(2.0));
+  std::vector<Candidate> deep = {candidates[0], {config("NGRAM", 2, 4, 8), {1.0, 1.0, 0.5, 0.5}}};
+  REQUIRE(specdec::engine::advise(costs, deep, &a).ok());
+  CHECK(a.predictions[1].accept_length == doctest::Approx(4.0));
+  CHECK_FALSE(a.predictions[1].extrapolated);
+
+  using specdec::testing::check_error;
+  std::vector<specdec::engine::MeasuredRun> bad = {runs[1]};
+  check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
+              StatusCode::kInvalidArgument, {"exactly one plain run", "got 0"});
+  bad = {runs[0], runs[0], runs[1]};
+  check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
+              StatusCode::kInvalidArgument, {"a second plain run"});
+  bad = {runs[0]};
+  check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
+              StatusCode::kInvalidArgument, {"no speculative run"});
+  bad = {runs[0], {config("NGRAM", 2, 1, 3), SpecMetrics{}}};
+  check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
+              StatusCode::kInvalidArgument, {"NGRAM", "made no verify"});
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "specdec/core/status.hpp"
 #include "specdec/policy/spec_policy.hpp"
@@ -76,6 +77,9 @@ struct PolicyList {
     ((out += (out.empty() ? "" : "; ") + describe<Policies>()), ...);
     return out;
   }
+
+  // The flags of every bundle, in the list's order.
+  static std::vector<SpecConfig> configs() { return {spec_config_of<Policies>()...}; }
 
   template <class Visitor>
   static Status dispatch(SpecConfig const& config, Visitor& visitor) {

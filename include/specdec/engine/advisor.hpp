@@ -24,8 +24,22 @@
 //   advise(costs, candidates, &advice)  every candidate predicted, the best chosen; advice.use
 //                                       false (draft nothing) when the best speedup is below
 //                                       min_speedup, with the reason in advice.summary
+//   costs_from_runs(runs, &costs, &candidates)
+//                                       StepCosts and candidates from measured runs (e.g. a short
+//                                       generate of each compiled configuration: what
+//                                       `specdec-kimi generate --speculative-config auto` does),
+//                                       one of them plain (steps 0): plain_step_s is its seconds
+//                                       per verify (draft + build + verify + commit + extend);
+//                                       verify(n) each run's verify seconds per verify at its
+//                                       nodes (the plain run at 1; runs of equal nodes averaged);
+//                                       draft_step(rows) each speculative run's draft seconds per
+//                                       verify / steps at rows = topk (averaged per topk);
+//                                       overhead_s the speculative runs' build + commit + extend
+//                                       per verify, averaged; each candidate's acceptance its own
+//                                       run's per_position_accept
 // A candidate's acceptance is a chain's (`per_position_accept` of any chain serves every chain
-// depth) or, for a top-k tree, the acceptance measured with that tree (depth = its steps).
+// depth) or, for a top-k tree, the acceptance measured with that tree, to the depth measured
+// (its steps for an EAGLE tree; an n-gram tree's continuations reach nodes - 1 deep).
 // A speculative step: steps x draft_step(rows) + verify(nodes) + overhead_s, committing the
 // accept length; plain decoding commits 1 token per plain_step_s.
 // Errors (Status, naming the field): an empty or unsorted cost curve, a negative or non-finite
@@ -38,11 +52,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "specdec/core/status.hpp"
+#include "specdec/engine/metrics.hpp"
 #include "specdec/policy/spec_policy.hpp"
 
 namespace specdec::engine {
@@ -166,7 +183,12 @@ inline Status predict(StepCosts const& costs, Candidate const& c, Prediction* ou
     }
     SPECDEC_RETURN_IF_ERROR(check_acceptance(c.per_position_accept, what));
     SPECDEC_RETURN_IF_ERROR(costs.draft_step.check(what + ": draft step costs"));
-    p.accept_length = expected_accept_length(c.per_position_accept, s.num_steps, &p.extrapolated);
+    // A chain's acceptance serves any chain depth; a tree's is its own, to the depth measured
+    // (an n-gram tree's continuations reach past its steps: nodes - 1 deep).
+    int const depth = s.eagle_topk > 1
+                          ? std::max(s.num_steps, static_cast<int>(c.per_position_accept.size()))
+                          : s.num_steps;
+    p.accept_length = expected_accept_length(c.per_position_accept, depth, &p.extrapolated);
     p.step_s = s.num_steps * costs.draft_step.at(s.eagle_topk) +
                costs.verify.at(s.num_draft_tokens) + costs.overhead_s;
   }
@@ -200,10 +222,64 @@ inline Status advise(StepCosts const& costs, std::vector<Candidate> const& candi
                 "per step%s)", b.speedup, b.accept_length, 1e3 * b.step_s,
                 b.extrapolated ? ", acceptance extrapolated past the measured depth" : "");
   a.summary = a.use ? "speculating with " + describe(b.config) + ": " + line
-                    : "not speculating: no configuration is predicted to beat plain decoding by " +
-                          std::to_string(min_speedup) + "x (best: " + describe(b.config) + ", " +
-                          line + ")";
+                    : "not speculating: no configuration is predicted to beat plain decoding" +
+                          (min_speedup > 1.0 ? " by " + std::to_string(min_speedup) + "x" : "") +
+                          " (best: " + describe(b.config) + ", " + line + ")";
   *out = std::move(a);
+  return Status::Ok();
+}
+
+// One configuration measured: its flags and the metrics of a run with them.
+struct MeasuredRun {
+  SpecConfig config;
+  SpecMetrics metrics;
+};
+
+inline Status costs_from_runs(std::span<MeasuredRun const> runs, StepCosts* costs,
+                              std::vector<Candidate>* candidates) {
+  if (costs == nullptr || candidates == nullptr) {
+    return Status::InvalidArgument("costs_from_runs: costs and candidates must not be null");
+  }
+  StepCosts c;
+  std::vector<Candidate> out;
+  std::map<int, std::pair<double, int>> verify, draft;  // size -> (sum of seconds, count)
+  double overhead = 0.0;
+  int plain = 0, speculative = 0;
+  for (MeasuredRun const& r : runs) {
+    SpecMetrics const& m = r.metrics;
+    std::string const what = "costs_from_runs (" + describe(r.config) + ")";
+    if (m.verify_ct < 1) return Status::InvalidArgument(what + ": the run made no verify");
+    double const n = static_cast<double>(m.verify_ct);
+    auto add = [](std::map<int, std::pair<double, int>>& curve, int size, double s) {
+      curve[size].first += s;
+      curve[size].second += 1;
+    };
+    if (r.config.num_steps == 0) {
+      if (++plain > 1) return Status::InvalidArgument(what + ": a second plain run");
+      c.plain_step_s = (m.draft_s + m.build_s + m.verify_s + m.commit_s + m.extend_s) / n;
+      add(verify, 1, m.verify_s / n);
+    } else {
+      ++speculative;
+      add(verify, r.config.num_draft_tokens, m.verify_s / n);
+      add(draft, r.config.eagle_topk, m.draft_s / n / r.config.num_steps);
+      overhead += (m.build_s + m.commit_s + m.extend_s) / n;
+    }
+    out.push_back(Candidate{r.config, m.per_position_accept()});
+  }
+  if (plain != 1) {
+    return Status::InvalidArgument("costs_from_runs: needs exactly one plain run (steps 0), the "
+                                   "baseline; got " + std::to_string(plain));
+  }
+  if (speculative < 1) {
+    return Status::InvalidArgument("costs_from_runs: no speculative run to predict");
+  }
+  for (auto const& [size, sum] : verify) c.verify.points.emplace_back(size, sum.first / sum.second);
+  for (auto const& [size, sum] : draft) {
+    c.draft_step.points.emplace_back(size, sum.first / sum.second);
+  }
+  c.overhead_s = overhead / speculative;
+  *costs = std::move(c);
+  *candidates = std::move(out);
   return Status::Ok();
 }
 
