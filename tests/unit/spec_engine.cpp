@@ -21,6 +21,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "specdec/engine/self_check.hpp"
@@ -231,21 +232,28 @@ TEST_CASE("engine: the draft model must match the policy") {
 TEST_CASE("engine: bad requests are refused by name") {
   SpecEngine<NG<Chain<3>>, CpuExecutor> e;
   REQUIRE(make_engine(&e).ok());
+  // A request of `prompt` and `max_new_tokens`, the rest defaulted.
+  auto request = [](std::vector<int32_t> prompt, int max_new_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = max_new_tokens;
+    return r;
+  };
   auto refuse = [&](GenerationRequest const& r, std::vector<std::string> const& parts) {
     std::vector<GenerationResult> out;
-    std::vector<GenerationRequest> const two{GenerationRequest{{1, 2}, 4}, r};
+    std::vector<GenerationRequest> const two{request({1, 2}, 4), r};
     testing::check_error(e.generate(two, &out, nullptr), StatusCode::kInvalidArgument, parts);
   };
-  refuse(GenerationRequest{{}, 4}, {"request 1", "prompt", "empty"});
-  refuse(GenerationRequest{{1, 512}, 4}, {"request 1", "input id 512", "vocabulary"});
-  refuse(GenerationRequest{{1, 2}, 0}, {"request 1", "max_new_tokens 0"});
-  GenerationRequest hot{{1, 2}, 4};
+  refuse(request({}, 4), {"request 1", "prompt", "empty"});
+  refuse(request({1, 512}, 4), {"request 1", "input id 512", "vocabulary"});
+  refuse(request({1, 2}, 0), {"request 1", "max_new_tokens 0"});
+  GenerationRequest hot = request({1, 2}, 4);
   hot.temperature = -1.0f;
   refuse(hot, {"request 1", "temperature"});
-  GenerationRequest nucleus{{1, 2}, 4};
+  GenerationRequest nucleus = request({1, 2}, 4);
   nucleus.top_p = 0.0f;
   refuse(nucleus, {"request 1", "top_p 0", "(0, 1]"});
-  GenerationRequest longer{std::vector<int32_t>(200, 1), 54};
+  GenerationRequest const longer = request(std::vector<int32_t>(200, 1), 54);
   refuse(longer, {"request 1", "speculative positions", "max_position_embeddings 256"});
   std::vector<GenerationResult> out;
   testing::check_error(e.generate({}, &out, nullptr), StatusCode::kInvalidArgument,
