@@ -549,9 +549,10 @@ TEST_CASE("generate_kimi_cuda_model: the device draws the host's weights; the mo
 // The same forwards on two loads of one checkpoint, one eager and one capturing each decode /
 // verify shape as a CUDA graph (KimiCudaModel::graphs), each on its own cache: logits, aux and
 // argmax bit for bit equal, through a batch prefill (eager in both), decodes whose first request
-// crosses a slot bucket (a new shape: a new capture), argmax-only decodes and a tree verify; the
-// graphed model must have replayed graphs, not just captured them. Real top-2 routing: equal
-// bits need no tolerance.
+// crosses a slot bucket (a new shape: a new capture), argmax-only decodes, a tree verify, and a
+// decode on caches made again with another geometry (a new capture, never a stale graph); the
+// graphed model must have replayed graphs, not just captured them. Real top-2 routing: equal bits
+// need no tolerance.
 TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for bit") {
   // Room for 262 positions (the preset's 256 would stop the decodes short of the bucket's end).
   // (YaRN's factor follows: max_position_embeddings / original_max_position_embeddings.)
@@ -648,6 +649,22 @@ TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for b
   specdec::testing::check_error(
       kimi::kimi_decode(CudaExecutor{}, graphed, &graph_cache.table, first, one, {}, &o),
       specdec::StatusCode::kInvalidArgument, {"legacy default stream cannot be captured"});
+  // Both caches freed and made again with fewer pages (the allocator may hand back the same
+  // address): the graphs of the old cache's geometry must not replay on the new one.
+  for (KimiCudaCache* c : {&eager_cache, &graph_cache}) {
+    *c = KimiCudaCache{};
+    REQUIRE(KimiCudaCache::create_for(md.m.config, 16, 48, 24, c).ok());
+    for (RequestId id : ids) REQUIRE(c->table.add_request(id).ok());
+  }
+  int64_t const captured = graphed.graphs.captures();
+  both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
+         return kimi::kimi_prefill(exec, m, c, ids, counts, prompt, kAux, o);
+       }, "prefill into the new cache");
+  std::vector<int32_t> const tok = random_tokens(rng, 2, V);
+  both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
+         return kimi::kimi_decode(exec, m, c, ids, tok, {}, o);
+       }, "decode on the new cache");
+  CHECK(graphed.graphs.captures() == captured + 1);
   REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
 

@@ -113,7 +113,8 @@ struct CudaLayer {
 class KimiCudaModel;
 namespace detail {
 // What a captured forward bakes in (core/cuda_graph.cuh's key): sizes, grid bounds, the batch
-// metadata's layout, the cache; the batch's values are read from the device at replay.
+// metadata's layout, the cache (its entries and geometry: a cache freed and another made at the
+// same address must not match); the batch's values are read from the device at replay.
 struct ForwardShape {
   int64_t tokens = 0, batch = 0, meta_ints = 0;
   int max_pages = 0, words = 0;
@@ -122,6 +123,7 @@ struct ForwardShape {
   LogitsMode mode = LogitsMode::kFull;
   std::vector<int> aux_layers;
   float const* cache = nullptr;
+  int page_size = 0, num_pages = 0;
   bool operator==(ForwardShape const&) const = default;
 };
 Status load_cuda_model_impl(KimiWeights const&, io::DeepseekV3Config const&, dist::TpShard const&,
@@ -1075,6 +1077,8 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   shape.mode = mode;
   shape.aux_layers.assign(aux_layers.begin(), aux_layers.end());
   shape.cache = cache->layer(0);
+  shape.page_size = cache->page_size();
+  shape.num_pages = cache->num_pages();
   auto queue = [&] { return cuda_forward_queue(m, cache, bm, shape, s, stream); };
   // Prefill chunks are eager: their shapes rarely repeat, and each would evict a step's graph.
   SPECDEC_RETURN_IF_ERROR(plan.kind == ForwardKind::kPrefill ? queue()
