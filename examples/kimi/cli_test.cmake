@@ -243,8 +243,10 @@ expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculati
 # --speculative-config auto: every compiled tree of the algorithm measured against plain
 # decoding on the request, the best predicted one used. A random EAGLE-3 draft accepts nothing:
 # plain decoding is chosen, and the output is plain decoding's. On a target whose greedy text
-# repeats (--repeat-period), n-gram lookup accepts almost every draft: a NGRAM tree is chosen and
-# the output is that target's plain output. Misuse is refused naming the fix.
+# repeats (--repeat-period), n-gram lookup accepts almost every draft; whether that pays on the
+# tiny CPU model depends on the machine (it did on one, not on another), so the test checks that
+# the choice is the best prediction and the output plain decoding's. Misuse is refused naming
+# the fix.
 execute_process(COMMAND "${KIMI}" ${greedy} --speculative-algorithm EAGLE3
                 --speculative-draft-model-path "${DIR}-draft" --speculative-config auto
                 OUTPUT_VARIABLE auto_json ERROR_VARIABLE auto_err RESULT_VARIABLE rc)
@@ -274,11 +276,35 @@ endif()
 string(JSON auto_ids GET "${auto_json}" output_ids)
 string(JSON plain_repeat_ids GET "${repeat_plain}" output_ids)
 string(JSON auto_use GET "${auto_json}" advisor speculating)
+string(JSON auto_chosen GET "${auto_json}" advisor chosen)
 string(JSON auto_config GET "${auto_json}" speculative_config)
-string(JSON auto_accept GET "${auto_json}" accept_length)
-if(NOT auto_ids STREQUAL plain_repeat_ids OR NOT auto_use OR NOT auto_config MATCHES "^NGRAM" OR
-   auto_accept LESS 2 OR
-   NOT auto_err MATCHES "advisor \\(32 calibration tokens per configuration\\): speculating with NGRAM")
+# Which configuration wins depends on this machine's step costs; what must hold anywhere: the
+# n-gram chain of 4 accepts on repeating text, the choice is the highest predicted throughput
+# (plain decoding's when no tree beats it), the request ran with it, and the output is plain's.
+string(JSON auto_n LENGTH "${auto_json}" advisor candidates)
+set(best_tps 0)
+set(best_config "")
+set(chain_accept 0)
+math(EXPR last "${auto_n} - 1")
+foreach(i RANGE ${last})
+  string(JSON tps GET "${auto_json}" advisor candidates ${i} predicted_tokens_per_s)
+  string(JSON config GET "${auto_json}" advisor candidates ${i} speculative_config)
+  if(tps GREATER best_tps)
+    set(best_tps ${tps})
+    set(best_config "${config}")
+  endif()
+  if(config MATCHES "^NGRAM .*topk=1 steps=4")
+    string(JSON chain_accept GET "${auto_json}" advisor candidates ${i} measured_accept_length)
+  endif()
+endforeach()
+set(speculating OFF)
+if(best_config MATCHES "^NGRAM")
+  set(speculating ON)
+endif()
+if(NOT auto_ids STREQUAL plain_repeat_ids OR NOT auto_n EQUAL 4 OR chain_accept LESS 2 OR
+   NOT auto_chosen STREQUAL best_config OR NOT auto_config STREQUAL best_config OR
+   NOT auto_use STREQUAL speculating OR
+   NOT auto_err MATCHES "advisor \\(32 calibration tokens per configuration\\): (speculating with NGRAM|not speculating)")
   message(FATAL_ERROR "auto (n-gram on repeating text): ${auto_json}${auto_err}")
 endif()
 expect_refusal("auto with a tree flag" "--speculative-config auto chooses --speculative-num-steps"
