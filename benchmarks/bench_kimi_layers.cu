@@ -7,7 +7,8 @@
 //                         bytes = W (bf16) + X (bf16) + Y (fp32): the weight stream dominates at
 //                         these T, so the copy floor is the bound
 //   BM_kimi_rms_norm/T    rms_norm_rows over [T, 7168] fp32 -> bf16 (+ the bf16 weight)
-//   BM_kimi_rope/T        rope_rows on the queries' [T, 64 heads, 64] rope part (read + write)
+//   BM_kimi_query_rows/T  query_rows on the queries [T, 64 heads, 128 + 64]: the nope parts to
+//                         bf16, the rope parts roped into the absorbed query (read + write)
 // Weights are rotated over enough copies to exceed twice the 50 MB L2, so every launch streams
 // them from HBM; inputs are random, never zeros.
 #include <cublas_v2.h>
@@ -106,37 +107,39 @@ BENCHMARK(BM_kimi_rms_norm)->ArgNames({"T"})->Arg(1)->Arg(8)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)
     ->MinTime(specdec::bench::kRepetitionSeconds / specdec::bench::kLaunchesPerIteration);
 
-void BM_kimi_rope(benchmark::State& state) {
+void BM_kimi_query_rows(benchmark::State& state) {
   int64_t const T = state.range(0);
   int const heads = 64, qk = 192, W = 576;
   specdec::testing::Rng rng(5);
   DeviceBuffer<float> q(specdec::testing::random_logits(rng, T, heads * qk, 1.0f));
   DeviceBuffer<float> qabs(static_cast<size_t>(T * heads * W));
+  DeviceBuffer<uint16_t> q_bf(static_cast<size_t>(T * heads * qk));
   std::vector<double> inv(32);
   for (int i = 0; i < 32; ++i) inv[i] = 1.0 / std::pow(50000.0, i / 32.0);
   DeviceBuffer<double> dinv(inv);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(1000 + 37 * t);
   DeviceBuffer<int32_t> dpos(pos);
-  specdec::model::kimi::cuda::RopeRows p;
-  p.in = q.data() + 128;
-  p.in_token_stride = heads * qk;
-  p.in_head_stride = qk;
-  p.out = qabs.data() + 512;
-  p.out_token_stride = heads * W;
-  p.out_head_stride = W;
+  specdec::model::kimi::cuda::QueryRows p;
+  p.q = q.data();
+  p.q_bf = q_bf.data();
+  p.qabs = qabs.data();
+  p.qabs_head_stride = W;
+  p.pe_at = 512;
   p.tokens = T;
   p.heads = heads;
+  p.nope = 128;
   p.pairs = 32;
   p.positions = dpos.data();
   p.inv_freq = dinv.data();
-  double const bytes = 2.0 * 4.0 * T * heads * 64;
+  // q read (fp32), the nope parts written as bf16, the rope parts written as fp32.
+  double const bytes = T * heads * (4.0 * qk + 2.0 * 128 + 4.0 * 64);
   specdec::bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
-    auto const s = specdec::model::kimi::cuda::rope_rows(p, stream);
+    auto const s = specdec::model::kimi::cuda::query_rows(p, stream);
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   });
 }
-BENCHMARK(BM_kimi_rope)->ArgNames({"T"})->Arg(1)->Arg(8)->Arg(64)
+BENCHMARK(BM_kimi_query_rows)->ArgNames({"T"})->Arg(1)->Arg(8)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->Repetitions(5)->ReportAggregatesOnly(true)
     ->MinTime(specdec::bench::kRepetitionSeconds / specdec::bench::kLaunchesPerIteration);
 

@@ -19,7 +19,9 @@
 // warm-up calls, twice: eager (the host launches every kernel; "host ms" is the median time until
 // the call returns, close to the event time when the launches, not the GPU, are the bound) and
 // replaying the forward captured once as a CUDA graph (KimiCudaModel::graphs; the metadata upload
-// stays outside the graph, in the timed span). Floor and ratios use the graph's time.
+// stays outside the graph, in the timed span), both with programmatic dependent launch
+// (core/cuda.cuh), then the graph captured without it ("no PDL"). Floor and ratios use the
+// graph's time.
 // Floor = bytes the forward must read / the device-to-device copy bandwidth measured in the same
 // run (bench_copy_floor.cu's: a 1 GiB cudaMemcpyAsync, bytes read + written, median). Bytes read =
 // model.weight_bytes - the whole embedding table - every routed expert + T embedding rows +
@@ -339,6 +341,7 @@ struct StepResult {
   StepShape shape;
   Timing eager;  // every kernel launched by the host
   Timing time;   // the forward replayed as a CUDA graph (KimiCudaModel::graphs)
+  Timing plain;  // the same graph captured without programmatic dependent launch
   int64_t cache_rows = 0;  // cache slots attention reads (every request's context + own tokens)
   double experts_per_layer = 0, bytes = 0, floor_ms = 0;
 };
@@ -394,6 +397,11 @@ StepResult run_step(StepShape const& shape, kimi::KimiCudaModel& model, kimi::Ki
     require(Status::Internal("the graph was not replayed"), shape.name.c_str());
   }
   model.graphs.set_capacity(0);
+  specdec::set_programmatic_launch(false);
+  model.graphs.set_capacity(1);
+  r.plain = time_calls(stream, reps, forward, back_to_context);
+  model.graphs.set_capacity(0);
+  specdec::set_programmatic_launch(true);
   r.cache_rows = int64_t{shape.batch} * (context + shape.nodes);
   return r;
 }
@@ -434,20 +442,21 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
   md +=
       "- time: CUDA events around one forward call (LogitsMode::kFull), the metadata upload "
       "included: eager (the host launches every kernel; host ms = time until the call returns) "
-      "and graph (the forward captured once as a CUDA graph, then replayed: KimiCudaModel::graphs); "
+      "and graph (the forward captured once as a CUDA graph, then replayed: KimiCudaModel::graphs), "
+      "both with programmatic dependent launch; no PDL = the graph captured without it; "
       "min / max, floor and ratios are the graph's\n\n";
   md +=
-      "| step | T | eager ms | host ms | graph ms | min ms | max ms | experts / layer | "
-      "bytes GB | floor ms | floor / time | time / decode B=1 |\n";
-  md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "| step | T | eager ms | host ms | graph no PDL ms | graph ms | min ms | max ms | "
+      "experts / layer | bytes GB | floor ms | floor / time | time / decode B=1 |\n";
+  md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   nlohmann::json js = nlohmann::json::array();
   for (StepResult const& r : steps) {
     Timing const& t = r.time;
     double const fraction = r.floor_ms / t.median_ms, ratio = t.median_ms / decode_ms;
     md += format(
-        "| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %s | %.3f | %.3f | %.3f |\n",
+        "| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %s | %.3f | %.3f | %.3f |\n",
         r.shape.name.c_str(), (long long)r.shape.tokens(), r.eager.median_ms, r.eager.host_ms,
-        t.median_ms, t.min_ms, t.max_ms, r.experts_per_layer, gb(r.bytes).c_str(), r.floor_ms,
+        r.plain.median_ms, t.median_ms, t.min_ms, t.max_ms, r.experts_per_layer, gb(r.bytes).c_str(), r.floor_ms,
         fraction, ratio);
     nlohmann::json s = {{"name", r.shape.name},
                         {"kind", r.shape.verify ? "verify" : "decode"},
@@ -455,6 +464,7 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
                         {"nodes", r.shape.nodes},
                         {"tokens", r.shape.tokens()},
                         {"eager", to_json(r.eager)},
+                        {"graph_no_pdl", to_json(r.plain)},
                         {"time", to_json(t)},
                         {"cache_rows", r.cache_rows},
                         {"cache_bytes_read", double(r.cache_rows) * double(bm.cache_row_bytes)},
@@ -525,7 +535,8 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
         "cache rows read; expected distinct experts E(1 - (1 - k/E)^T) is an estimate for random "
         "routing",
         "eager: CUDA events around one forward call launched by the host; time: the same call "
-        "replaying the forward captured as a CUDA graph (floor and ratios use it)",
+        "replaying the forward captured as a CUDA graph (floor and ratios use it); both with "
+        "programmatic dependent launch, graph_no_pdl the graph captured without it",
         "projection: accept_length x t(decode B=1) / t(verify); the draft's cost is not included "
         "(no Kimi-size draft measured in this binary); null where the accept length exceeds the "
         "shape's depth + 1"}}};
@@ -616,8 +627,8 @@ int main(int argc, char** argv) {
     r.experts_per_layer = bm.distinct_experts(shape.tokens());
     r.bytes = bm.bytes(shape.tokens(), r.cache_rows);
     r.floor_ms = r.bytes / copy.bytes_per_s * 1e3;
-    std::printf("%s: eager %.3f ms, graph %.3f ms (medians)\n", shape.name.c_str(),
-                r.eager.median_ms, r.time.median_ms);
+    std::printf("%s: eager %.3f ms, graph no PDL %.3f ms, graph %.3f ms (medians)\n",
+                shape.name.c_str(), r.eager.median_ms, r.plain.median_ms, r.time.median_ms);
     std::fflush(stdout);
     steps.push_back(std::move(r));
   }

@@ -165,7 +165,8 @@ std::vector<uint16_t> bf16_of(std::vector<float> const& f) {
 
 }  // namespace
 
-TEST_CASE("kimi layer kernels: rms_norm_rows, rope_rows, silu_mul_bf16 equal their CPU rules") {
+TEST_CASE("kimi layer kernels: rms_norm_rows, mla_latent_rows, query_rows, silu_mul_bf16 equal "
+          "their CPU rules") {
   Rng rng(5);
   namespace kc = kimi::cuda;
   // 8192: the most rms_norm_rows holds in registers; 9000: past it, the looping path.
@@ -198,44 +199,121 @@ TEST_CASE("kimi layer kernels: rms_norm_rows, rope_rows, silu_mul_bf16 equal the
       }
     }
   }
-  // RoPE on [T, heads] vectors inside wider rows, out to permuted rows; yarn-like frequencies.
-  for (int pairs : {1, 8, 32}) {
-    int const T = 7, heads = 3;
-    int64_t const in_ts = heads * (2 * pairs + 5), in_hs = 2 * pairs + 5;
-    int64_t const out_ts = heads * 2 * pairs + 4, out_hs = 2 * pairs;
-    std::vector<float> in = specdec::testing::random_logits(rng, T, in_ts, 1.0f);
+  // Yarn-like frequencies, positions up to 2^18, a permutation of the cache rows.
+  std::vector<int32_t> const pos{0, 1, 17, 4095, 65536, 262143, 3};
+  std::vector<int32_t> const rows{6, 0, 5, 1, 4, 2, 3};
+  auto frequencies = [](int pairs) {
     std::vector<double> inv(static_cast<size_t>(pairs));
-    for (int i = 0; i < pairs; ++i) inv[i] = 1.0 / std::pow(50000.0, 2.0 * i / (2 * pairs)) / (i % 3 + 1);
-    std::vector<int32_t> pos{0, 1, 17, 4095, 65536, 262143, 3};
-    std::vector<int32_t> rows{6, 0, 5, 1, 4, 2, 3};
-    DeviceBuffer<float> din(in), dout(size_t(T) * out_ts);
+    for (int i = 0; i < pairs; ++i) {
+      inv[i] = 1.0 / std::pow(50000.0, 2.0 * i / (2 * pairs)) / (i % 3 + 1);
+    }
+    return inv;
+  };
+  // mla_latent_rows: rows [q_a | c_kv | k_pe] (stride + 3) -> bf16 rms(q_a) and the cache rows
+  // [rms(c_kv) | rope(k_pe)], with and without q_lora.
+  for (int ql : {0, 24}) {
+    CAPTURE(ql);
+    int const T = 7, c = 32, pairs = 8, W = c + 2 * pairs;
+    int64_t const stride = ql + W + 3;
+    std::vector<float> const qa = specdec::testing::random_logits(rng, T, stride, 2.0f);
+    std::vector<float> qwf = specdec::testing::random_logits(rng, 1, std::max(ql, 1), 1.0f);
+    std::vector<float> kwf = specdec::testing::random_logits(rng, 1, c, 1.0f);
+    std::vector<uint16_t> const qw = bf16_of(qwf), kw = bf16_of(kwf);
+    for (size_t j = 0; j < qwf.size(); ++j) qwf[j] = specdec::bf16_to_float(qw[j]);
+    for (size_t j = 0; j < kwf.size(); ++j) kwf[j] = specdec::bf16_to_float(kw[j]);
+    std::vector<double> const inv = frequencies(pairs);
+    DeviceBuffer<float> dqa(qa), dcache(size_t(T) * W);
+    DeviceBuffer<uint16_t> dqw(qw), dkw(kw), dqa_bf(size_t(T) * std::max(ql, 1));
     DeviceBuffer<double> dinv(inv);
     DeviceBuffer<int32_t> dpos(pos), drows(rows);
-    REQUIRE(dout.fill_bytes(0).ok());
-    kc::RopeRows p;
-    p.in = din.data() + 2;
-    p.in_token_stride = in_ts;
-    p.in_head_stride = in_hs;
-    p.out = dout.data() + 1;
-    p.out_token_stride = out_ts;
-    p.out_head_stride = out_hs;
-    p.out_rows = drows.data();
+    REQUIRE(dcache.fill_bytes(0xff).ok());
+    kc::MlaLatentRows p;
+    p.qa = dqa.data();
+    p.stride = stride;
     p.tokens = T;
-    p.heads = heads;
+    p.q_lora = ql;
+    p.q_norm = dqw.data();
+    p.qa_bf = dqa_bf.data();
+    p.kv_lora = c;
+    p.kv_norm = dkw.data();
+    p.cache = dcache.data();
+    p.cache_stride = W;
+    p.rows = drows.data();
     p.pairs = pairs;
     p.positions = dpos.data();
     p.inv_freq = dinv.data();
     p.cos_sin_scale = 1.2;
-    REQUIRE(kc::rope_rows(p, nullptr).ok());
-    std::vector<float> const out = dout.download();
+    p.eps = 1e-6;
+    REQUIRE(kc::mla_latent_rows(p, nullptr).ok());
+    std::vector<float> const cache = dcache.download();
+    std::vector<uint16_t> const qa_bf = dqa_bf.download();
+    for (int t = 0; t < T; ++t) {
+      float const* row = qa.data() + size_t(t) * stride;
+      if (ql > 0) {
+        std::vector<float> want(static_cast<size_t>(ql));
+        REQUIRE(kimi::rms_norm_reference({row, size_t(ql)}, qwf, 1e-6, want).ok());
+        for (int j = 0; j < ql; ++j) {  // bf16 of a value equal to a float ulp or two
+          float const got = specdec::bf16_to_float(qa_bf[size_t(t) * ql + j]);
+          REQUIRE(std::fabs(got - want[j]) <= 4e-3f * std::fabs(want[j]) + 1e-30f);
+        }
+      }
+      std::vector<float> want(static_cast<size_t>(c));
+      REQUIRE(kimi::rms_norm_reference({row + ql, size_t(c)}, kwf, 1e-6, want).ok());
+      float const* entry = cache.data() + size_t(rows[t]) * W;
+      for (int j = 0; j < c; ++j) {
+        REQUIRE(std::fabs(entry[j] - want[j]) <= 4e-7f * std::fabs(want[j]) + 1e-30f);
+      }
+      std::vector<float> v(row + ql + c, row + ql + c + 2 * pairs);
+      REQUIRE(kimi::rope_interleaved_reference(v, pos[t], inv, 1.2).ok());
+      for (int j = 0; j < 2 * pairs; ++j) {
+        REQUIRE(std::fabs(entry[c + j] - v[j]) <= 1e-6f * (1.0f + std::fabs(v[j])));
+      }
+    }
+  }
+  // query_rows: q [T, heads, nope + 2 pairs] -> bf16 nope parts (pe parts of q_bf untouched) and
+  // the roped pe parts at column pe_at of head rows 20 floats apart (the rest untouched).
+  {
+    int const T = 7, heads = 3, nope = 6, pairs = 4, qk = nope + 2 * pairs, hs = 20, pe_at = 9;
+    std::vector<float> const q = specdec::testing::random_logits(rng, T, heads * qk, 1.0f);
+    std::vector<double> const inv = frequencies(pairs);
+    DeviceBuffer<float> dq(q), dqabs(size_t(T) * heads * hs);
+    DeviceBuffer<uint16_t> dq_bf(q.size());
+    DeviceBuffer<double> dinv(inv);
+    DeviceBuffer<int32_t> dpos(pos);
+    REQUIRE(dqabs.fill_bytes(0).ok());
+    REQUIRE(dq_bf.fill_bytes(0xff).ok());
+    kc::QueryRows p;
+    p.q = dq.data();
+    p.q_bf = dq_bf.data();
+    p.qabs = dqabs.data();
+    p.qabs_head_stride = hs;
+    p.pe_at = pe_at;
+    p.tokens = T;
+    p.heads = heads;
+    p.nope = nope;
+    p.pairs = pairs;
+    p.positions = dpos.data();
+    p.inv_freq = dinv.data();
+    p.cos_sin_scale = 1.2;
+    REQUIRE(kc::query_rows(p, nullptr).ok());
+    std::vector<float> const qabs = dqabs.download();
+    std::vector<uint16_t> const q_bf = dq_bf.download();
     for (int t = 0; t < T; ++t) {
       for (int h = 0; h < heads; ++h) {
-        std::vector<float> v(in.begin() + t * in_ts + h * in_hs + 2,
-                             in.begin() + t * in_ts + h * in_hs + 2 + 2 * pairs);
+        size_t const at = (size_t(t) * heads + h) * qk;
+        for (int j = 0; j < qk; ++j) {
+          REQUIRE(q_bf[at + j] == (j < nope ? specdec::float_to_bf16(q[at + j]) : 0xffff));
+        }
+        std::vector<float> v(q.begin() + at + nope, q.begin() + at + qk);
         REQUIRE(kimi::rope_interleaved_reference(v, pos[t], inv, 1.2).ok());
-        for (int j = 0; j < 2 * pairs; ++j) {
-          float const got = out[size_t(rows[t]) * out_ts + 1 + h * out_hs + j];
-          REQUIRE(std::fabs(got - v[j]) <= 1e-6f * (1.0f + std::fabs(v[j])));
+        float const* out = qabs.data() + (size_t(t) * heads + h) * hs;
+        for (int j = 0; j < hs; ++j) {
+          bool const pe = j >= pe_at && j < pe_at + 2 * pairs;
+          if (pe) {
+            REQUIRE(std::fabs(out[j] - v[j - pe_at]) <= 1e-6f * (1.0f + std::fabs(v[j - pe_at])));
+          } else {
+            REQUIRE(out[j] == 0.0f);
+          }
         }
       }
     }
@@ -553,7 +631,8 @@ TEST_CASE("generate_kimi_cuda_model: the device draws the host's weights; the mo
 // decode on caches made again with another geometry (a new capture, never a stale graph); the
 // graphed model must have replayed graphs, not just captured them. Real top-2 routing: equal bits
 // need no tolerance.
-TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for bit") {
+TEST_CASE("kimi_forward_cuda: captured graphs with programmatic launch replay the plain eager "
+          "forward bit for bit") {
   // Room for 262 positions (the preset's 256 would stop the decodes short of the bucket's end).
   // (YaRN's factor follows: max_position_embeddings / original_max_position_embeddings.)
   Model md(true, 23, false, [](nlohmann::json& j) {
@@ -581,7 +660,11 @@ TEST_CASE("kimi_forward_cuda: captured graphs replay the eager forward bit for b
   int compared = 0;
   auto both = [&](auto&& forward, std::string const& what) {
     kimi::CudaForwardOutput a, b;
+    // The eager forward launches every kernel plainly, each after the one before it has ended;
+    // the graphed one was captured with programmatic dependent launch (core/cuda.cuh) on.
+    specdec::set_programmatic_launch(false);
     Status st = forward(md.gpu, &eager_cache.table, &a);
+    specdec::set_programmatic_launch(true);
     REQUIRE_MESSAGE(st.ok(), what, ": ", st.to_string());
     st = forward(graphed, &graph_cache.table, &b);
     REQUIRE_MESSAGE(st.ok(), what, ": ", st.to_string());

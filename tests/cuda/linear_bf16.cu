@@ -138,3 +138,75 @@ TEST_CASE("linear_bf16: GPU y equals the CPU reference to fp32 rounding") {
   }
   MESSAGE("compared " << compared << " outputs");
 }
+
+TEST_CASE("linear_bf16: batched products (one per attention head) equal the CPU reference") {
+  // Kimi's W_UV per head: o_h [T, 128] = lat_h [T, 512] W_UV_h^T, W_UV_h the last 128 rows of
+  // head h's 256 rows of kv_b_proj; lat and o interleave the heads in each token's row. Here 5
+  // heads, plus a ragged shape with fp32 y accumulated.
+  struct Shape { int batch; int64_t out, in, w_rows_per_batch; bool y_bf16; };
+  Shape const shapes[] = {{5, 128, 512, 256, true}, {3, 37, 200, 40, false}};
+  testing::Rng rng(11);
+  for (Shape const sh : shapes) {
+    for (int T : {1, 4, 8}) {
+      CAPTURE(sh.batch);
+      CAPTURE(sh.out);
+      CAPTURE(T);
+      int64_t const ldx = sh.batch * sh.in, ldy = sh.batch * sh.out;
+      std::vector<uint16_t> const x = random_bf16(rng, T * ldx, 1.0f);
+      std::vector<uint16_t> const w = random_bf16(rng, sh.batch * sh.w_rows_per_batch * sh.in, 0.05f);
+      int64_t const w_at = (sh.w_rows_per_batch - sh.out) * sh.in;  // the last rows of each
+      LinearBf16Params p;
+      p.ldx = ldx;
+      p.tokens = T;
+      p.out = sh.out;
+      p.in = sh.in;
+      p.ldy = ldy;
+      p.y_bf16 = sh.y_bf16;
+      p.beta = sh.y_bf16 ? 0.0f : 1.0f;
+      p.batch = sh.batch;
+      p.x_batch = sh.in;
+      p.w_batch = sh.w_rows_per_batch * sh.in;
+      p.y_batch = sh.out;
+      std::vector<float> y32 = testing::random_logits(rng, T, ldy, 1.0f);
+      std::vector<uint16_t> y16(static_cast<size_t>(T * ldy), 0xffffu);
+      std::vector<float> const y32_before = y32;
+      p.x = x.data();
+      p.w = w.data() + w_at;
+      p.y = sh.y_bf16 ? static_cast<void*>(y16.data()) : static_cast<void*>(y32.data());
+      REQUIRE(linear_bf16(CpuExecutor{}, p).ok());
+      DeviceBuffer<uint16_t> dx(x), dw(w), dy16(y16.size());
+      DeviceBuffer<float> dy32(y32_before);
+      REQUIRE(dy16.fill_bytes(0xff).ok());
+      LinearBf16Params dp = p;
+      dp.x = dx.data();
+      dp.w = dw.data() + w_at;
+      dp.y = sh.y_bf16 ? static_cast<void*>(dy16.data()) : static_cast<void*>(dy32.data());
+      REQUIRE(linear_bf16(CudaExecutor{}, dp).ok());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      std::vector<float> const g32 = dy32.download();
+      std::vector<uint16_t> const g16 = dy16.download();
+      int bad = 0;
+      for (int b = 0; b < sh.batch; ++b) {
+        for (int t = 0; t < T; ++t) {
+          for (int64_t o = 0; o < sh.out; ++o) {
+            size_t const at = static_cast<size_t>(t * ldy + b * sh.out + o);
+            double sum_abs = sh.y_bf16 ? 0.0 : std::fabs(y32_before[at]);
+            for (int64_t k = 0; k < sh.in; ++k) {
+              sum_abs += std::fabs(
+                  bf16_to_float(x[static_cast<size_t>(t * ldx + b * sh.in + k)]) *
+                  bf16_to_float(w[static_cast<size_t>(w_at + b * p.w_batch + o * sh.in + k)]));
+            }
+            double const cpu = sh.y_bf16 ? bf16_to_float(y16[at]) : y32[at];
+            double const gpu = sh.y_bf16 ? bf16_to_float(g16[at]) : g32[at];
+            double const slack = sh.y_bf16 ? std::fabs(cpu) / 128.0 : 0.0;
+            if (!(std::fabs(gpu - cpu) <= 1e-4 * sum_abs + 1e-30 + slack)) {
+              if (bad < 5) MESSAGE("b " << b << " t " << t << " o " << o << ": gpu " << gpu << " cpu " << cpu);
+              ++bad;
+            }
+          }
+        }
+      }
+      CHECK(bad == 0);
+    }
+  }
+}

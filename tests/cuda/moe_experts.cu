@@ -344,6 +344,31 @@ TEST_CASE("moe_experts: GPU output matches the CPU reference") {
   MESSAGE("compared " << runs << " launches");
 }
 
+TEST_CASE("moe_experts: accumulate adds the experts' sum to y (the residual) instead of overwriting") {
+  for (int G : {32, 0}) {  // INT4, bf16
+    CAPTURE(G);
+    Shape const s{1024, 512, 64, 6, G};
+    testing::Rng rng(91 + G);
+    Experts X;
+    make_experts(rng, s, &X);
+    int const T = 7;
+    Routed const routed = route(rng, s, T, Routing::kBadIds);
+    Run run;
+    setup_run(X, routed, T, &run);
+    std::vector<float> const y0 = testing::random_logits(rng, T, s.H, 1.0f);
+    REQUIRE(run.y.upload(y0).ok());
+    run.p.accumulate = true;
+    Status const st = moe_experts(CudaExecutor{}, run.p);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> const gpu = run.y.download();
+    // y - y0 against the overwriting reference: the sum was added, and added once.
+    std::vector<float> added(gpu.size());
+    for (size_t i = 0; i < gpu.size(); ++i) added[i] = gpu[i] - y0[i];
+    check_reference(X, routed, T, added);
+  }
+}
+
 TEST_CASE("moe_experts: one captured launch replays after x and ids change in place") {
   Shape const s{1024, 512, 64, 6, 32};
   testing::Rng rng(77);

@@ -63,6 +63,36 @@ TEST_CASE("linear_bf16 reference: exact on integer inputs, with strides, beta an
   }
 }
 
+TEST_CASE("linear_bf16 reference: batched products each take their own x, w and y") {
+  // 2 products of out 2, in 8, T 1: x_b all (b + 1), w_b rows all 1 and all -1 (rows of the
+  // second product 3 rows further on); y = [8 (b + 1), -8 (b + 1)] per product, 3 floats apart.
+  std::vector<uint16_t> x(16), w(5 * 8);
+  for (int b = 0; b < 2; ++b) {
+    for (int k = 0; k < 8; ++k) x[static_cast<size_t>(8 * b + k)] = float_to_bf16(b + 1.0f);
+  }
+  for (int r = 0; r < 5; ++r) {
+    for (int k = 0; k < 8; ++k) {
+      w[static_cast<size_t>(8 * r + k)] = float_to_bf16(r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : 9.0f);
+    }
+  }
+  std::vector<float> y(6, 1234.0f);
+  LinearBf16Params p;
+  p.x = x.data();
+  p.ldx = 16;
+  p.w = w.data();
+  p.tokens = 1;
+  p.out = 2;
+  p.in = 8;
+  p.y = y.data();
+  p.ldy = 6;
+  p.batch = 2;
+  p.x_batch = 8;
+  p.w_batch = 24;
+  p.y_batch = 3;
+  REQUIRE(linear_bf16(CpuExecutor{}, p).ok());
+  CHECK(y == std::vector<float>{8.0f, -8.0f, 1234.0f, 16.0f, -16.0f, 1234.0f});
+}
+
 TEST_CASE("linear_bf16: contract violations are refused, naming the problem") {
   alignas(16) static uint16_t x[64] = {}, w[64] = {};
   alignas(16) static float y[64] = {};
@@ -106,6 +136,13 @@ TEST_CASE("linear_bf16: contract violations are refused, naming the problem") {
   p = base();
   p.y = nullptr;
   refused(p, "must not be null");
+  p = base();
+  p.batch = 0;
+  refused(p, "batch 0 not in [1, 65535]");
+  p = base();
+  p.batch = 2;
+  p.x_batch = 4;
+  refused(p, "x_batch 4 and w_batch 0 must be non-negative multiples of 8");
   p = base();
   p.y_bf16 = true;
   p.beta = 1.0f;

@@ -232,11 +232,20 @@ TEST_CASE("moe_experts: hand-worked INT4 case (nibble order, groups, scales)") {
   std::vector<int32_t> const ids{0};
   std::vector<float> const w{0.75f};
   std::vector<float> y(32, -7.0f);
-  MoeExpertsParams const p = params_for(X, x, ids, w, 1, 1, &y);
+  MoeExpertsParams p = params_for(X, x, ids, w, 1, 1, &y);
   REQUIRE(moe_experts(CpuExecutor{}, p).ok());
   for (int j = 0; j < 32; ++j) {
     CAPTURE(j);
     double const want = j == 31 ? -21.0 * silu(3.0) : 0.0;
+    CHECK(y[static_cast<size_t>(j)] == doctest::Approx(want).epsilon(1e-6));
+  }
+  // accumulate: the same sum added to what y held (here 1 everywhere).
+  std::fill(y.begin(), y.end(), 1.0f);
+  p.accumulate = true;
+  REQUIRE(moe_experts(CpuExecutor{}, p).ok());
+  for (int j = 0; j < 32; ++j) {
+    CAPTURE(j);
+    double const want = 1.0 + (j == 31 ? -21.0 * silu(3.0) : 0.0);
     CHECK(y[static_cast<size_t>(j)] == doctest::Approx(want).epsilon(1e-6));
   }
 }

@@ -1,5 +1,6 @@
-// CUDA plumbing: the CudaExecutor, Status from CUDA errors, an owning device buffer, and a
-// query for whether a GPU is present (tests skip themselves without one).
+// CUDA plumbing: the CudaExecutor, Status from CUDA errors, an owning device buffer, a query for
+// whether a GPU is present (tests skip themselves without one), and launch_kernel with
+// programmatic dependent launch (below).
 // Kernels live in headers, so a kernel that is not a template is declared `static __global__`:
 // every translation unit of a binary may include it (a plain one would be defined in each and
 // fail to link).
@@ -7,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -31,6 +33,74 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 // Status of the most recent kernel launch on this thread.
 inline Status cuda_launch_status(const char* kernel_name) {
   return cuda_status(cudaGetLastError(), kernel_name);
+}
+
+// Programmatic dependent launch (sm_90+). launch_kernel launches with the stream attribute that
+// lets a kernel's blocks start while the kernel before it on the stream is still finishing, so
+// its launch latency and the first loads of data that nothing on the stream writes (weights) hide
+// behind the tail of the previous kernel; in a CUDA graph capture the edge is kept. The contract
+// of every kernel launched through it: call await_prior_kernels() at the top, unconditionally
+// (no early return before it), and before its first read of anything an earlier kernel wrote and
+// its first global write (an earlier kernel may still read what it would overwrite); only reads
+// of memory no kernel of the stream writes (weights) may precede it. The wait returns when the
+// previous kernel has completed and its writes are visible, so the order of kernels on a stream
+// stays what it was; a kernel launched without the attribute (cuBLAS, NCCL, <<<>>>) is waited for
+// as always. The process-wide switch (on by default; set_programmatic_launch(false) for A/B
+// timings) is read at launch: a captured graph keeps what it was captured with.
+inline std::atomic<bool>& programmatic_launch_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+inline void set_programmatic_launch(bool on) { programmatic_launch_flag().store(on); }
+// This thread's launches may also turn it off for a span (ProgrammaticLaunchScope): a caller
+// that measured it slower for some shapes.
+inline bool& programmatic_launch_this_thread() {
+  thread_local bool on = true;
+  return on;
+}
+inline bool programmatic_launch() {
+  return programmatic_launch_flag().load() && programmatic_launch_this_thread();
+}
+// While alive, this thread's launch_kernel calls use programmatic dependent launch only if `on`
+// (and the process-wide switch) says so; the previous setting comes back at its end.
+class ProgrammaticLaunchScope {
+ public:
+  explicit ProgrammaticLaunchScope(bool on) : saved_(programmatic_launch_this_thread()) {
+    programmatic_launch_this_thread() = saved_ && on;
+  }
+  ~ProgrammaticLaunchScope() { programmatic_launch_this_thread() = saved_; }
+  ProgrammaticLaunchScope(ProgrammaticLaunchScope const&) = delete;
+  ProgrammaticLaunchScope& operator=(ProgrammaticLaunchScope const&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Waits for the kernels before this one on the stream (a no-op without the launch attribute or
+// below sm_90), then lets the next kernel's blocks begin launching.
+__device__ __forceinline__ void await_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch when it is
+// on; the launch's status names `name`.
+template <class... Params, class... Args>
+Status launch_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                     size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  return cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
 }
 
 inline bool cuda_device_available() {

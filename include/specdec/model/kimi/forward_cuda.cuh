@@ -25,18 +25,22 @@
 //   xn = rms(x, input_layernorm) (fp32 -> bf16); q = xn q_proj^T or q_b(rms(xn q_a^T)) (fp32)
 //   kva = xn kv_a^T; cache row of each token = [rms(kva[:c], kv_a_layernorm) | rope(kva[c:])]
 //   qabs[t, h] = [q_nope_h W_UK_h (one strided-batched GEMM over heads) | rope(q_pe_h)]
-//   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (batched GEMM, bf16)
+//   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (batched over heads:
+//         ops::linear_bf16 up to 8 tokens, else cuBLAS; bf16)
 //   x += o o_proj^T (the GEMM accumulates into x)
 //   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
 //   dense: x += down(silu(xn gate^T) * (xn up^T))   (gate / up one GEMM over stacked weights,
 //          as are q_a / kv_a: the loader places each pair in one block)
 //   MoE:   router logits = xn gate^T in fp32 (cuda::router_logits up to 8 tokens, else SGEMM, on
 //          an fp32 copy of gate: expert choice must not hinge on bf16 rounding), ops::moe_route,
-//          ops::moe_experts (fp32 xn, bf16 or INT4 experts) -> y; shared experts as dense into
-//          x; x += y
+//          ops::moe_experts (fp32 xn, bf16 or INT4 experts) and the shared experts as dense,
+//          both added into x (tensor parallel: into y, summed over the ranks, then x += y)
 // then logits = rms(x, norm) lm_head^T (fp32). aux: the residual stream x after the listed layers.
 // Versus the CPU executor (fp32 everywhere): logits agree to bf16 activation rounding (about 1e-2
 // relative at the tiny preset), greedy tokens where the top-2 gap exceeds that.
+// The kernels of this file and of the ops it calls run with programmatic dependent launch
+// (core/cuda.cuh; forwards of up to kProgrammaticLaunchMaxTokens tokens): each may start while the
+// one before it finishes; cuBLAS's do not.
 //
 // Memory: the weights as stored (bf16 2 bytes / parameter, INT4 experts 0.5625), plus fp32 copies
 // of the routers and the scratch (grows with the largest batch seen). Kimi-K2.5 whole needs about
@@ -693,9 +697,10 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
 namespace detail {
 
 // The widest weight gemm_bf16 gives ops::linear_bf16: up to here (Kimi's q_a, q_b, the shared
-// expert) it beats cuBLAS by 6-13% at T <= 8; wider ones (o_proj 117 MB, lm_head 2.35 GB) stream
-// 3-6% faster through cuBLAS (bench_linear_bf16, benchmarks/RESULTS.md).
-constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{64} << 20;
+// expert, o_proj 112 MiB) it runs with programmatic dependent launch, its first weight loads
+// overlapping the kernel before it, and beats cuBLAS (6-13% at T <= 8 on the narrow ones alone);
+// lm_head (2.35 GB) streams 3-6% faster through cuBLAS (bench_linear_bf16, benchmarks/RESULTS.md).
+constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{128} << 20;
 
 // Y [T, out] (row stride ldy, fp32 or bf16) = X [T, in] (bf16, row stride ldx) W^T, W bf16
 // [out, in]; beta 1 accumulates into an fp32 Y. Up to kLinearBf16MaxTokens rows (decode, verify)
@@ -813,13 +818,11 @@ inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
 // The tensor-parallel sum of `part` [T, H] (this rank's partial output) added to x; at size 1
 // part is x itself and there is nothing to do.
 inline Status cuda_reduce_into_x(KimiCudaModel const& m, int64_t T, float* part,
-                                 KimiCudaModel::Scratch const& s) {
+                                 KimiCudaModel::Scratch const& s, cudaStream_t stream) {
   if (part == s.x) return Status::Ok();
   int64_t const H = m.config.hidden_size;
   if (m.comm != nullptr) SPECDEC_RETURN_IF_ERROR(m.comm->all_reduce_sum(part, T * H));
-  float const one = 1.0f;
-  return cublas_status(cublasSaxpy(m.cublas(), static_cast<int>(T * H), &one, part, 1, s.x, 1),
-                       "saxpy partial output");
+  return cuda::add_into(s.x, part, T * H, stream);
 }
 
 inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, BatchMeta const& bm,
@@ -834,11 +837,30 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
   cublasHandle_t const h = m.cublas();
   // s.qa [T, QA = ql + W] = [q_a | kv_a] (q_lora: one GEMM over the stacked weights).
   int64_t const ql = c.q_lora_rank.value_or(0), QA = ql + W;
+  float* layer = cache->layer(li);
+  int32_t const* positions = meta + bm.positions;
+  // One launch: bf16 rms(q_a) (q_lora) and the tokens' cache entries [rms(c_kv) | rope(k_pe)].
+  cuda::MlaLatentRows lr;
+  lr.qa = s.qa;
+  lr.stride = QA;
+  lr.tokens = T;
+  lr.q_lora = static_cast<int>(ql);
+  lr.q_norm = l.q_a_layernorm;
+  lr.qa_bf = s.qa_bf;
+  lr.kv_lora = static_cast<int>(ckv);
+  lr.kv_norm = l.kv_a_layernorm;
+  lr.cache = layer;
+  lr.cache_stride = W;
+  lr.rows = meta + bm.rows;
+  lr.pairs = static_cast<int>(r / 2);
+  lr.positions = positions;
+  lr.inv_freq = m.inv_freq_device;
+  lr.cos_sin_scale = c.rope_cos_sin_scale();
+  lr.eps = eps;
   if (l.q_lora) {
     SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, QA, H, s.xn_bf, H, l.q_a_proj, s.qa, CUDA_R_32F, QA,
                                       0.0f, "gemm q_a_proj + kv_a_proj_with_mqa (stacked)"));
-    SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.qa, QA, l.q_a_layernorm, T, static_cast<int>(ql),
-                                                eps, nullptr, 0, nullptr, s.qa_bf, ql, stream));
+    SPECDEC_RETURN_IF_ERROR(cuda::mla_latent_rows(lr, stream));
     SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, nh * qk, ql, s.qa_bf, ql, l.q_b_proj, s.q, CUDA_R_32F,
                                       nh * qk, 0.0f, "gemm q_b_proj"));
   } else {
@@ -846,38 +868,23 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
                                       nh * qk, 0.0f, "gemm q_proj"));
     SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, W, H, s.xn_bf, H, l.kv_a_proj_with_mqa, s.kva,
                                       CUDA_R_32F, QA, 0.0f, "gemm kv_a_proj_with_mqa"));
+    SPECDEC_RETURN_IF_ERROR(cuda::mla_latent_rows(lr, stream));
   }
-  // The tokens' cache entries: [rms(c_kv) | rope(k_pe)] at their rows of this layer.
-  float* layer = cache->layer(li);
-  int32_t const* rows = meta + bm.rows;
-  int32_t const* positions = meta + bm.positions;
-  SPECDEC_RETURN_IF_ERROR(cuda::rms_norm_rows(s.kva, QA, l.kv_a_layernorm, T,
-                                              static_cast<int>(ckv), eps, layer, W, rows, nullptr,
-                                              0, stream));
-  cuda::RopeRows rope;
-  rope.in = s.kva + ckv;
-  rope.in_token_stride = QA;
-  rope.out = layer + ckv;
-  rope.out_token_stride = W;
-  rope.out_rows = rows;
-  rope.tokens = T;
-  rope.heads = 1;
-  rope.pairs = static_cast<int>(r / 2);
-  rope.positions = positions;
-  rope.inv_freq = m.inv_freq_device;
-  rope.cos_sin_scale = c.rope_cos_sin_scale();
-  SPECDEC_RETURN_IF_ERROR(cuda::rope_rows(rope, stream));
-  // Absorbed queries: qabs[t, h] = [q_nope_h W_UK_h | rope(q_pe_h)].
-  rope.in = s.q + dq;
-  rope.in_token_stride = nh * qk;
-  rope.in_head_stride = qk;
-  rope.out = s.qabs + ckv;
-  rope.out_token_stride = nh * W;
-  rope.out_head_stride = W;
-  rope.out_rows = nullptr;
-  rope.heads = static_cast<int>(nh);
-  SPECDEC_RETURN_IF_ERROR(cuda::rope_rows(rope, stream));
-  SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.q, T * nh * qk, s.q_bf, stream));
+  // One launch: bf16 q_nope (W_UK's operand) and qabs[t, h, c:] = rope(q_pe_h).
+  cuda::QueryRows qr;
+  qr.q = s.q;
+  qr.q_bf = s.q_bf;
+  qr.qabs = s.qabs;
+  qr.qabs_head_stride = W;
+  qr.pe_at = ckv;
+  qr.tokens = T;
+  qr.heads = static_cast<int>(nh);
+  qr.nope = static_cast<int>(dq);
+  qr.pairs = static_cast<int>(r / 2);
+  qr.positions = positions;
+  qr.inv_freq = m.inv_freq_device;
+  qr.cos_sin_scale = c.rope_cos_sin_scale();
+  SPECDEC_RETURN_IF_ERROR(cuda::query_rows(qr, stream));
   float const one = 1.0f, zero = 0.0f;
   // Column-major view, per head h: qabs_h^T [c, T] = W_UK_h^T [c, dq] q_nope_h^T [dq, T].
   SPECDEC_RETURN_IF_ERROR(cublas_status(
@@ -913,20 +920,41 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
                                                           ap.max_slots);
   SPECDEC_RETURN_IF_ERROR(ops::mla_attention(CudaExecutor{stream}, ap));
   SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.lat, T * nh * ckv, s.lat_bf, stream));
-  // Per head h: o_h^T [dv, T] = W_UV_h [dv, c] lat_h^T [c, T] (bf16 out).
-  SPECDEC_RETURN_IF_ERROR(cublas_status(
-      cublasGemmStridedBatchedEx(
-          h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(dv), static_cast<int>(T),
-          static_cast<int>(ckv), &one, l.kv_b_proj + dq * ckv, CUDA_R_16BF,
-          static_cast<int>(ckv), (dq + dv) * ckv, s.lat_bf, CUDA_R_16BF,
-          static_cast<int>(nh * ckv), ckv, &zero, s.o_bf, CUDA_R_16BF, static_cast<int>(nh * dv),
-          dv, static_cast<int>(nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "gemm attention output (W_UV)"));
+  // Per head h: o_h [T, dv] = lat_h [T, c] W_UV_h^T (bf16 out): ops::linear_bf16 batched over
+  // the heads for a decode's or verify's few tokens, else a strided-batched GEMM (column-major
+  // o_h^T [dv, T] = W_UV_h [dv, c] lat_h^T [c, T]).
+  ops::LinearBf16Params uv;
+  uv.x = s.lat_bf;
+  uv.ldx = nh * ckv;
+  uv.w = l.kv_b_proj + dq * ckv;
+  uv.tokens = static_cast<int>(T);
+  uv.out = dv;
+  uv.in = ckv;
+  uv.y = s.o_bf;
+  uv.y_bf16 = true;
+  uv.ldy = nh * dv;
+  uv.batch = static_cast<int>(nh);
+  uv.x_batch = ckv;
+  uv.w_batch = (dq + dv) * ckv;
+  uv.y_batch = dv;
+  if (ops::linear_bf16_error(uv).empty()) {
+    SPECDEC_RETURN_IF_ERROR(ops::linear_bf16(CudaExecutor{stream}, uv));
+  } else {
+    SPECDEC_RETURN_IF_ERROR(cublas_status(
+        cublasGemmStridedBatchedEx(
+            h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(dv), static_cast<int>(T),
+            static_cast<int>(ckv), &one, l.kv_b_proj + dq * ckv, CUDA_R_16BF,
+            static_cast<int>(ckv), (dq + dv) * ckv, s.lat_bf, CUDA_R_16BF,
+            static_cast<int>(nh * ckv), ckv, &zero, s.o_bf, CUDA_R_16BF,
+            static_cast<int>(nh * dv), dv, static_cast<int>(nh), CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT),
+        "gemm attention output (W_UV)"));
+  }
   // x += o o_proj^T (tensor parallel: this rank's heads' share, summed over the ranks)
   float* const part = m.comm ? s.part : s.x;
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, H, nh * dv, s.o_bf, nh * dv, l.o_proj, part, CUDA_R_32F,
                                     H, m.comm ? 0.0f : 1.0f, "gemm o_proj"));
-  return cuda_reduce_into_x(m, T, part, s);
+  return cuda_reduce_into_x(m, T, part, s, stream);
 }
 
 inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel::Scratch const& s,
@@ -936,7 +964,7 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   if (!l.moe) {
     float* const part = m.comm ? s.part : s.x;
     SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.mlp, T, s, part, m.comm ? 0.0f : 1.0f, stream));
-    return cuda_reduce_into_x(m, T, part, s);
+    return cuda_reduce_into_x(m, T, part, s, stream);
   }
   int64_t const H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   float const one = 1.0f, zero = 0.0f;
@@ -978,19 +1006,25 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   ep.experts = static_cast<int>(m.experts.size());
   ep.top_k = static_cast<int>(K);
   ep.w = l.experts;
-  ep.y = s.moe_y;
+  // One GPU: the routed and the shared experts add straight into the residual stream x; tensor
+  // parallel: into moe_y, summed over the ranks, then added to x.
+  float* const y = m.comm ? s.moe_y : s.x;
+  ep.y = y;
+  ep.accumulate = m.comm == nullptr;
   ep.workspace = s.moe_workspace;
   ep.workspace_bytes =
       ops::moe_experts_workspace_bytes(ep.tokens, ep.top_k, ep.experts, ep.hidden, ep.inter);
   SPECDEC_RETURN_IF_ERROR(ops::moe_experts(CudaExecutor{stream}, ep));
-  // moe_y += the shared experts; tensor parallel: summed over the ranks; then x += moe_y
   if (l.has_shared_experts) {
-    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, s.moe_y, 1.0f, stream));
+    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, y, 1.0f, stream));
   }
-  if (m.comm != nullptr) SPECDEC_RETURN_IF_ERROR(m.comm->all_reduce_sum(s.moe_y, T * H));
-  return cublas_status(cublasSaxpy(m.cublas(), static_cast<int>(T * H), &one, s.moe_y, 1, s.x, 1),
-                       "saxpy moe output");
+  return cuda_reduce_into_x(m, T, y, s, stream);
 }
+
+// Forwards of up to this many tokens launch their kernels with programmatic dependent launch
+// (core/cuda.cuh); larger ones plainly. Measured on the kimi-k2.5-1gpu preset (graph replays,
+// benchmarks/RESULTS.md): 2% faster at 1 token, 0.2-1.4% at 2-32, but 7% slower at 64 tokens.
+constexpr int64_t kProgrammaticLaunchMaxTokens = 32;
 
 // The forward's work after the metadata upload, all of it queued on `stream` and reading the
 // batch from s.meta: what a graph captures.
@@ -1000,6 +1034,7 @@ inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta co
   io::DeepseekV3Config const& c = m.config;
   int64_t const T = shape.tokens, H = c.hidden_size, V = c.vocab_size, B = shape.batch;
   int const A = static_cast<int>(shape.aux_layers.size());
+  ProgrammaticLaunchScope const overlap(T <= kProgrammaticLaunchMaxTokens);
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasSetStream(m.cublas(), stream), "cublasSetStream"));
   if (m.comm != nullptr) m.comm->bind_stream(stream);
   auto capture = [&](int id) -> Status {

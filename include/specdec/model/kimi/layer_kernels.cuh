@@ -5,12 +5,14 @@
 //   rms_norm_rows   rms_norm_reference per row: x [T, n] (row stride) with a bf16 weight [n] ->
 //                   fp32 out (row stride, or row out_rows[t] when given: cache rows) and / or
 //                   bf16 out; the sum of squares and the scaling in double, as the reference
-//   rope_rows       rope_interleaved_reference on [T, heads] vectors of 2 * pairs floats, in ->
-//                   out (strided; out row out_rows[t] when given), angles position * inv_freq in
-//                   double; in == out allowed
+//   mla_latent_rows the q_a / kv_a GEMM's rows -> bf16 rms(q_a) and the cache entries [rms(c_kv)
+//                   | rope(k_pe)] in one launch (rope: rope_interleaved_reference, angles
+//                   position * inv_freq in double)
+//   query_rows      q rows -> bf16 nope parts and the roped pe parts in the absorbed query
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
 //                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
+//   add_into        x [n] += part [n] (fp32; a tensor-parallel partial sum into the residual)
 //   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
 //                   one block per expert, every token (the fp32 router of a decode / verify step
 //                   in one launch; a GEMM library runs T = 1 as a dot and a reduction kernel)
@@ -18,7 +20,8 @@
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
 //   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
 //                   [first, first + n); argmax_of_keys: argmax_of_keys_reference over keys [P, T]
-// Every launcher takes a stream, never synchronises and returns the launch status.
+// Every launcher takes a stream, never synchronises and returns the launch status; every kernel
+// is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,6 +47,7 @@ constexpr int kNormCached = kNormThreads * kNormPerThread;
 static __global__ void embed_rows_kernel(uint16_t const* __restrict__ table,
                                          int32_t const* __restrict__ tokens, int64_t H,
                                          float* __restrict__ x) {
+  await_prior_kernels();
   int64_t const t = blockIdx.x;
   uint16_t const* row = table + static_cast<int64_t>(tokens[t]) * H;
 #pragma unroll 4
@@ -53,8 +57,8 @@ static __global__ void embed_rows_kernel(uint16_t const* __restrict__ table,
 inline Status embed_rows(uint16_t const* table, int32_t const* tokens, int64_t T, int64_t H,
                          float* x, cudaStream_t stream) {
   if (T == 0) return Status::Ok();
-  embed_rows_kernel<<<static_cast<unsigned>(T), kNormThreads, 0, stream>>>(table, tokens, H, x);
-  return cuda_launch_status("embed_rows");
+  return launch_kernel("embed_rows", embed_rows_kernel, static_cast<unsigned>(T), kNormThreads, 0,
+                       stream, table, tokens, H, x);
 }
 
 // out = weight * (x * inv) in double, rounded to float; written as fp32 and / or bf16.
@@ -66,14 +70,12 @@ __device__ __forceinline__ void rms_norm_store(float xj, uint16_t wj, double inv
   if (br) br[j] = float_to_bf16(y);
 }
 
-static __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_rows_kernel(float const* __restrict__ x, int64_t x_stride,
-                         uint16_t const* __restrict__ weight, int n, double eps, float* out,
-                         int64_t out_stride, int32_t const* __restrict__ out_rows,
-                         uint16_t* out_bf16, int64_t bf16_stride) {
+// One block normalises one row of n values (every thread of the block calls it): yr (fp32,
+// nullptr: none) and br (bf16, nullptr: none) receive it.
+__device__ __forceinline__ void rms_norm_row(float const* __restrict__ xr,
+                                             uint16_t const* __restrict__ weight, int n,
+                                             double eps, float* yr, uint16_t* br) {
   __shared__ double partial[kNormThreads / 32];
-  int64_t const t = blockIdx.x;
-  float const* xr = x + t * x_stride;
   bool const cached = n <= kNormCached;
   float xv[kNormPerThread];
   uint16_t wv[kNormPerThread];
@@ -97,8 +99,6 @@ static __global__ void __launch_bounds__(kNormThreads)
   double total = 0.0;
   for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
   double const inv = 1.0 / sqrt(total / n + eps);
-  float* yr = out ? out + (out_rows ? static_cast<int64_t>(out_rows[t]) : t) * out_stride : nullptr;
-  uint16_t* br = out_bf16 ? out_bf16 + t * bf16_stride : nullptr;
   if (cached) {
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
@@ -113,6 +113,18 @@ static __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+static __global__ void __launch_bounds__(kNormThreads)
+    rms_norm_rows_kernel(float const* __restrict__ x, int64_t x_stride,
+                         uint16_t const* __restrict__ weight, int n, double eps, float* out,
+                         int64_t out_stride, int32_t const* __restrict__ out_rows,
+                         uint16_t* out_bf16, int64_t bf16_stride) {
+  await_prior_kernels();
+  int64_t const t = blockIdx.x;
+  float* yr = out ? out + (out_rows ? static_cast<int64_t>(out_rows[t]) : t) * out_stride : nullptr;
+  uint16_t* br = out_bf16 ? out_bf16 + t * bf16_stride : nullptr;
+  rms_norm_row(x + t * x_stride, weight, n, eps, yr, br);
+}
+
 // rows T of n values: x row t at x + t * x_stride; fp32 out row at out + (out_rows ? out_rows[t]
 // : t) * out_stride (nullptr: none); bf16 out row at out_bf16 + t * bf16_stride (nullptr: none).
 inline Status rms_norm_rows(float const* x, int64_t x_stride, uint16_t const* weight, int64_t T,
@@ -120,54 +132,28 @@ inline Status rms_norm_rows(float const* x, int64_t x_stride, uint16_t const* we
                             int32_t const* out_rows, uint16_t* out_bf16, int64_t bf16_stride,
                             cudaStream_t stream) {
   if (T == 0) return Status::Ok();
-  rms_norm_rows_kernel<<<static_cast<unsigned>(T), kNormThreads, 0, stream>>>(
-      x, x_stride, weight, n, eps, out, out_stride, out_rows, out_bf16, bf16_stride);
-  return cuda_launch_status("rms_norm_rows");
+  return launch_kernel("rms_norm_rows", rms_norm_rows_kernel, static_cast<unsigned>(T),
+                       kNormThreads, 0, stream, x, x_stride, weight, n, eps, out, out_stride,
+                       out_rows, out_bf16, bf16_stride);
 }
 
-struct RopeRows {
-  float const* in = nullptr;  // vector (t, h) at in + t * in_token_stride + h * in_head_stride
-  int64_t in_token_stride = 0, in_head_stride = 0;
-  float* out = nullptr;  // at out + (out_rows ? out_rows[t] : t) * out_token_stride + h * ...
-  int64_t out_token_stride = 0, out_head_stride = 0;
-  int32_t const* out_rows = nullptr;
-  int64_t tokens = 0;
-  int heads = 1;
-  int pairs = 0;                      // r / 2
-  int32_t const* positions = nullptr;  // [T]
-  double const* inv_freq = nullptr;    // [pairs]
-  double cos_sin_scale = 1.0;
-};
-
-static __global__ void rope_rows_kernel(RopeRows p) {
-  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t const per_token = static_cast<int64_t>(p.heads) * p.pairs;
-  if (i >= p.tokens * per_token) return;
-  int64_t const t = i / per_token;
-  int const h = static_cast<int>((i % per_token) / p.pairs), k = static_cast<int>(i % p.pairs);
-  float const* src = p.in + t * p.in_token_stride + h * p.in_head_stride + 2 * k;
-  int64_t const orow = p.out_rows ? static_cast<int64_t>(p.out_rows[t]) : t;
-  float* dst = p.out + orow * p.out_token_stride + h * p.out_head_stride + 2 * k;
-  double const a = static_cast<double>(p.positions[t]) * p.inv_freq[k];
+// dst[0..1] = the pair src[0..1] rotated by position * inv_freq (in double), scaled.
+__device__ __forceinline__ void rope_pair(float const* src, float* dst, int32_t position,
+                                          double inv_freq, double cos_sin_scale) {
+  double const a = static_cast<double>(position) * inv_freq;
   double sn = 0.0, cs = 0.0;
   sincos(a, &sn, &cs);
-  cs *= p.cos_sin_scale;
-  sn *= p.cos_sin_scale;
+  cs *= cos_sin_scale;
+  sn *= cos_sin_scale;
   double const x0 = src[0], x1 = src[1];
   dst[0] = static_cast<float>(x0 * cs - x1 * sn);
   dst[1] = static_cast<float>(x1 * cs + x0 * sn);
 }
 
-inline Status rope_rows(RopeRows const& p, cudaStream_t stream) {
-  int64_t const n = p.tokens * p.heads * p.pairs;
-  if (n == 0) return Status::Ok();
-  rope_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(p);
-  return cuda_launch_status("rope_rows");
-}
-
 static __global__ void silu_mul_bf16_kernel(float const* __restrict__ g, float const* __restrict__ u,
                                             int64_t cols, int64_t stride, int64_t n,
                                             uint16_t* __restrict__ h) {
+  await_prior_kernels();
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   int64_t const at = (i / cols) * stride + i % cols;
@@ -180,21 +166,130 @@ inline Status silu_mul_bf16(float const* g, float const* u, int64_t rows, int64_
                             int64_t stride, uint16_t* h, cudaStream_t stream) {
   int64_t const n = rows * cols;
   if (n == 0) return Status::Ok();
-  silu_mul_bf16_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
-      g, u, cols, stride, n, h);
-  return cuda_launch_status("silu_mul_bf16");
+  return launch_kernel("silu_mul_bf16", silu_mul_bf16_kernel,
+                       static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream, g, u,
+                       cols, stride, n, h);
+}
+
+// The q_a / kv_a GEMM's output rows to the attention's inputs, in one launch (rms_norm_rows'
+// rule and rope_pair's, forward_cuda.cuh's order):
+//   q_lora > 0, block t < T:  qa_bf[t, :q_lora] = bf16 rms(qa[t, :q_lora], q_norm)
+//   block (q_lora > 0 ? T : 0) + t:  cache row rows[t] = [rms(qa[t, q_lora : q_lora + c],
+//       kv_norm) | rope(qa[t, q_lora + c : q_lora + c + 2 pairs], positions[t])] (fp32)
+struct MlaLatentRows {
+  float const* qa = nullptr;  // [T, stride]
+  int64_t stride = 0;
+  int64_t tokens = 0;
+  int q_lora = 0;                      // 0: no q_a (the q_proj form)
+  uint16_t const* q_norm = nullptr;    // [q_lora] bf16
+  uint16_t* qa_bf = nullptr;           // [T, q_lora]
+  int kv_lora = 0;                     // c
+  uint16_t const* kv_norm = nullptr;   // [c] bf16
+  float* cache = nullptr;              // rows of cache_stride floats
+  int64_t cache_stride = 0;
+  int32_t const* rows = nullptr;       // [T] cache row of each token
+  int pairs = 0;                       // r / 2
+  int32_t const* positions = nullptr;  // [T]
+  double const* inv_freq = nullptr;    // [pairs]
+  double cos_sin_scale = 1.0;
+  double eps = 0.0;
+};
+
+static __global__ void __launch_bounds__(kNormThreads) mla_latent_rows_kernel(MlaLatentRows p) {
+  await_prior_kernels();
+  int64_t const q_blocks = p.q_lora > 0 ? p.tokens : 0;
+  if (blockIdx.x < q_blocks) {
+    int64_t const t = blockIdx.x;
+    rms_norm_row(p.qa + t * p.stride, p.q_norm, p.q_lora, p.eps, nullptr,
+                 p.qa_bf + t * p.q_lora);
+    return;
+  }
+  int64_t const t = blockIdx.x - q_blocks;
+  float const* in = p.qa + t * p.stride + p.q_lora;
+  float* row = p.cache + static_cast<int64_t>(p.rows[t]) * p.cache_stride;
+  rms_norm_row(in, p.kv_norm, p.kv_lora, p.eps, row, nullptr);
+  for (int k = threadIdx.x; k < p.pairs; k += blockDim.x) {
+    rope_pair(in + p.kv_lora + 2 * k, row + p.kv_lora + 2 * k, p.positions[t], p.inv_freq[k],
+              p.cos_sin_scale);
+  }
+}
+
+inline Status mla_latent_rows(MlaLatentRows const& p, cudaStream_t stream) {
+  if (p.tokens == 0) return Status::Ok();
+  int64_t const blocks = (p.q_lora > 0 ? 2 : 1) * p.tokens;
+  return launch_kernel("mla_latent_rows", mla_latent_rows_kernel, static_cast<unsigned>(blocks),
+                       kNormThreads, 0, stream, p);
+}
+
+// The queries of T tokens after q_b (or q_proj), in one launch: q [T, heads, nope + 2 pairs]
+// fp32 -> q_bf [T, heads, nope + 2 pairs] bf16 of the nope parts (the pe parts' bf16 are not
+// written) and qabs[t, h, pe_at : pe_at + 2 pairs] (row of qabs_head_stride floats per head,
+// heads qabs_head_stride apart, tokens heads * qabs_head_stride) = rope(q_pe, positions[t]).
+struct QueryRows {
+  float const* q = nullptr;
+  uint16_t* q_bf = nullptr;
+  float* qabs = nullptr;
+  int64_t qabs_head_stride = 0;
+  int64_t pe_at = 0;
+  int64_t tokens = 0;
+  int heads = 0;
+  int nope = 0;                        // even
+  int pairs = 0;
+  int32_t const* positions = nullptr;  // [T]
+  double const* inv_freq = nullptr;    // [pairs]
+  double cos_sin_scale = 1.0;
+};
+
+// Thread i: pair i of the token-major q (a nope pair to bf16, or a pe pair roped).
+static __global__ void query_rows_kernel(QueryRows p) {
+  await_prior_kernels();
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int const per_head = p.nope / 2 + p.pairs;
+  if (i >= p.tokens * p.heads * per_head) return;
+  int64_t const th = i / per_head;  // t * heads + h
+  int const k = static_cast<int>(i - th * per_head);
+  float const* src = p.q + 2 * i;
+  if (k < p.nope / 2) {
+    p.q_bf[2 * i] = float_to_bf16(src[0]);
+    p.q_bf[2 * i + 1] = float_to_bf16(src[1]);
+    return;
+  }
+  int const pr = k - p.nope / 2;
+  rope_pair(src, p.qabs + th * p.qabs_head_stride + p.pe_at + 2 * pr, p.positions[th / p.heads],
+            p.inv_freq[pr], p.cos_sin_scale);
+}
+
+inline Status query_rows(QueryRows const& p, cudaStream_t stream) {
+  int64_t const n = p.tokens * p.heads * (p.nope / 2 + p.pairs);
+  if (n == 0) return Status::Ok();
+  return launch_kernel("query_rows", query_rows_kernel,
+                       static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream, p);
 }
 
 static __global__ void to_bf16_kernel(float const* __restrict__ x, int64_t n,
                                       uint16_t* __restrict__ y) {
+  await_prior_kernels();
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = float_to_bf16(x[i]);
 }
 
 inline Status to_bf16(float const* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (n == 0) return Status::Ok();
-  to_bf16_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(x, n, y);
-  return cuda_launch_status("to_bf16");
+  return launch_kernel("to_bf16", to_bf16_kernel, static_cast<unsigned>(ceil_div<int64_t>(n, 256)),
+                       256, 0, stream, x, n, y);
+}
+
+static __global__ void add_into_kernel(float* __restrict__ x, float const* __restrict__ part,
+                                       int64_t n) {
+  await_prior_kernels();
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += part[i];
+}
+
+inline Status add_into(float* x, float const* part, int64_t n, cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  return launch_kernel("add_into", add_into_kernel, static_cast<unsigned>(ceil_div<int64_t>(n, 256)),
+                       256, 0, stream, x, part, n);
 }
 
 constexpr int kRouterMaxTokens = 8;
@@ -206,6 +301,7 @@ constexpr int kRouterWarps = 8;
 static __global__ void __launch_bounds__(kRouterWarps * 32)
     router_logits_kernel(float const* __restrict__ x, float const* __restrict__ gate, int T,
                          int64_t E, int64_t H, float* __restrict__ logits) {
+  await_prior_kernels();
   __shared__ float partial[kRouterWarps][kRouterMaxTokens];
   int64_t const e = blockIdx.x;
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -250,9 +346,8 @@ inline Status router_logits(float const* x, float const* gate, int64_t T, int64_
                                    std::to_string(kRouterMaxTokens) +
                                    ", H % 4 == 0, 16-byte aligned x and gate)");
   }
-  router_logits_kernel<<<static_cast<unsigned>(E), kRouterWarps * 32, 0, stream>>>(
-      x, gate, static_cast<int>(T), E, H, logits);
-  return cuda_launch_status("router_logits");
+  return launch_kernel("router_logits", router_logits_kernel, static_cast<unsigned>(E),
+                       kRouterWarps * 32, 0, stream, x, gate, static_cast<int>(T), E, H, logits);
 }
 
 // An expert-parallel rank holds experts [begin, end): expert id is its local expert id - begin;
@@ -263,6 +358,7 @@ __host__ __device__ constexpr int32_t local_expert_id(int32_t id, int64_t begin,
 
 static __global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64_t begin,
                                                   int64_t end) {
+  await_prior_kernels();
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) ids[i] = local_expert_id(ids[i], begin, end);
 }
@@ -270,9 +366,9 @@ static __global__ void localize_expert_ids_kernel(int32_t* ids, int64_t n, int64
 inline Status localize_expert_ids(int32_t* ids, int64_t n, int64_t begin, int64_t end,
                                   cudaStream_t stream) {
   if (n == 0) return Status::Ok();
-  localize_expert_ids_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream>>>(
-      ids, n, begin, end);
-  return cuda_launch_status("localize_expert_ids");
+  return launch_kernel("localize_expert_ids", localize_expert_ids_kernel,
+                       static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream, ids, n,
+                       begin, end);
 }
 
 // One block per row: the max of pack_value_index over the row, then across warps.
@@ -283,6 +379,7 @@ SPECDEC_HD inline uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : 
 static __global__ void __launch_bounds__(kArgmaxKeyThreads)
     row_argmax_keys_kernel(float const* __restrict__ logits, int64_t n, int64_t first,
                            uint64_t* __restrict__ keys) {
+  await_prior_kernels();
   float const* row = logits + static_cast<int64_t>(blockIdx.x) * n;
   uint64_t best = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -302,13 +399,13 @@ static __global__ void __launch_bounds__(kArgmaxKeyThreads)
 inline Status row_argmax_keys(float const* logits, int64_t T, int64_t n, int64_t first,
                               uint64_t* keys, cudaStream_t stream) {
   if (T == 0) return Status::Ok();
-  row_argmax_keys_kernel<<<static_cast<unsigned>(T), kArgmaxKeyThreads, 0, stream>>>(logits, n,
-                                                                                      first, keys);
-  return cuda_launch_status("row_argmax_keys");
+  return launch_kernel("row_argmax_keys", row_argmax_keys_kernel, static_cast<unsigned>(T),
+                       kArgmaxKeyThreads, 0, stream, logits, n, first, keys);
 }
 
 static __global__ void argmax_of_keys_kernel(uint64_t const* __restrict__ keys, int64_t P,
                                              int64_t T, int32_t* __restrict__ argmax) {
+  await_prior_kernels();
   int64_t const t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
   uint64_t best = 0;
@@ -319,9 +416,9 @@ static __global__ void argmax_of_keys_kernel(uint64_t const* __restrict__ keys, 
 inline Status argmax_of_keys(uint64_t const* keys, int64_t P, int64_t T, int32_t* argmax,
                              cudaStream_t stream) {
   if (T == 0) return Status::Ok();
-  argmax_of_keys_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(T, 128)), 128, 0, stream>>>(
-      keys, P, T, argmax);
-  return cuda_launch_status("argmax_of_keys");
+  return launch_kernel("argmax_of_keys", argmax_of_keys_kernel,
+                       static_cast<unsigned>(ceil_div<int64_t>(T, 128)), 128, 0, stream, keys, P, T,
+                       argmax);
 }
 
 }  // namespace specdec::model::kimi::cuda

@@ -1,5 +1,5 @@
 // linear_bf16 CUDA kernel: y [T, out] = beta y + x [T, in] W^T, T <= 8, on tensor cores.
-// A block owns 16 output rows; its 8 warps split k into 32-column chunks (warp w takes chunks w,
+// Block (x, b) owns 16 output rows of product b (batched: params.hpp); its 8 warps split k into 32-column chunks (warp w takes chunks w,
 // w + 8, ...), each chunk one pair of mma.sync m16n8k16 (bf16 operands, fp32 accumulators):
 // A = the 16 weight rows, B = x^T with the T tokens as its 8 columns (the rest zero).
 // Lane (g = lane / 4, c = lane % 4) loads 16 bytes of weight rows g and g + 8 and of token g's x,
@@ -10,6 +10,8 @@
 // (L1::no_allocate); x (at most 8 x in bf16) stays in L1 for the block's warps.
 // The warps' partial sums meet in shared memory and are added in warp order: a fixed order, so
 // a rerun gives the same bits. No host synchronisation or allocation: graph-capturable.
+// Launched with programmatic dependent launch (core/cuda.cuh): each warp's first weight loads are
+// issued before the kernel waits for the one before it.
 // Measured (benchmarks/RESULTS.md): ahead of cuBLAS on Kimi's narrow decode shapes, 3-6% behind
 // it on the widest (o_proj, lm_head). Splitting k over thread-block clusters (fuller last waves)
 // was tried and measured slower on every shape.
@@ -45,22 +47,34 @@ static __global__ void __launch_bounds__(kWarps * 32)
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int const g = lane >> 2, c = lane & 3;
   int64_t const row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  int const batch = blockIdx.y;
   bool const has_a = row0 + g < p.out, has_b = row0 + g + 8 < p.out, has_x = g < p.tokens;
-  uint16_t const* wa = p.w + (row0 + g) * p.in + 8 * c;
+  uint16_t const* wa = p.w + batch * p.w_batch + (row0 + g) * p.in + 8 * c;
   uint16_t const* wb = wa + 8 * p.in;
-  uint16_t const* xg = p.x + static_cast<int64_t>(g) * p.ldx + 8 * c;
+  uint16_t const* xg = p.x + batch * p.x_batch + static_cast<int64_t>(g) * p.ldx + 8 * c;
   int64_t const chunks = (p.in + kChunk - 1) / kChunk;
   float acc[2][4] = {};
   uint4 const zero = make_uint4(0, 0, 0, 0);
-  for (int64_t j0 = warp; j0 < chunks; j0 += kWarps * kUnroll) {
-    uint4 a[kUnroll], b[kUnroll], xv[kUnroll];
+  uint4 a[kUnroll], b[kUnroll], xv[kUnroll];
+  auto in_k = [&](int64_t j) { return j < chunks && j * kChunk + 8 * c < p.in; };
+  auto load_weights = [&](int64_t j0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       int64_t const j = j0 + u * kWarps;
-      bool const in_k = j < chunks && j * kChunk + 8 * c < p.in;
-      a[u] = in_k && has_a ? load_streaming(wa + j * kChunk) : zero;
-      b[u] = in_k && has_b ? load_streaming(wb + j * kChunk) : zero;
-      xv[u] = in_k && has_x ? __ldg(reinterpret_cast<uint4 const*>(xg + j * kChunk)) : zero;
+      a[u] = in_k(j) && has_a ? load_streaming(wa + j * kChunk) : zero;
+      b[u] = in_k(j) && has_b ? load_streaming(wb + j * kChunk) : zero;
+    }
+  };
+  // The first weights are in flight while the kernel before this one finishes (nothing on the
+  // stream writes weights); x and y only after it.
+  load_weights(warp);
+  await_prior_kernels();
+  for (int64_t j0 = warp; j0 < chunks; j0 += kWarps * kUnroll) {
+    if (j0 != warp) load_weights(j0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      int64_t const j = j0 + u * kWarps;
+      xv[u] = in_k(j) && has_x ? __ldg(reinterpret_cast<uint4 const*>(xg + j * kChunk)) : zero;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -80,7 +94,7 @@ static __global__ void __launch_bounds__(kWarps * 32)
   for (int w = 0; w < kWarps; ++w) sum += partial[w][threadIdx.x];
   int64_t const row = row0 + (l >> 2) + 8 * (i >> 1);
   int const token = 2 * (l & 3) + (i & 1);
-  if (row < p.out && token < p.tokens) linear_bf16_store(p, token, row, sum);
+  if (row < p.out && token < p.tokens) linear_bf16_store(p, batch, token, row, sum);
 }
 
 }  // namespace linear_bf16_detail
@@ -88,8 +102,8 @@ static __global__ void __launch_bounds__(kWarps * 32)
 inline Status linear_bf16_cuda(LinearBf16Params const& p, cudaStream_t stream) {
   using namespace linear_bf16_detail;
   int64_t const blocks = (p.out + kRows - 1) / kRows;
-  linear_bf16_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(p);
-  return cuda_launch_status("linear_bf16_kernel");
+  dim3 const grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.batch));
+  return launch_kernel("linear_bf16_kernel", linear_bf16_kernel, grid, kWarps * 32, 0, stream, p);
 }
 
 }  // namespace specdec::ops

@@ -5,6 +5,8 @@
 //   w  [out, in] bf16 (a Hugging Face Linear weight, row-major)
 //   y  [T, out] fp32 (y_bf16 false) or bf16 (y_bf16 true), row stride ldy (>= out)
 //   y[t, o] = beta * y[t, o] + sum_k x[t, k] w[o, k]     (beta only with fp32 y; 0 ignores y)
+// Batched (batch > 1, e.g. one product per attention head): product b takes x + b x_batch,
+// w + b w_batch and y + b y_batch (element offsets), the same shapes and strides.
 // Products of bf16 values are exact in fp32 and the sums are fp32: the reference sums k in order,
 // the kernel in its own fixed order (a split of k over warps and a fixed reduction: the same
 // inputs give the same bits on every run), so the two agree to fp32 rounding, not bit for bit.
@@ -35,12 +37,15 @@ struct LinearBf16Params {
   bool y_bf16 = false;
   int64_t ldy = 0;
   float beta = 0.0f;            // fp32 y only
+  int batch = 1;                // independent products
+  int64_t x_batch = 0, w_batch = 0, y_batch = 0;  // element offsets from one to the next
 };
 
-// Writes output (t, o) = sum (+ beta y where beta != 0: y is never read otherwise), as fp32 or
+// Writes output (b, t, o) = sum (+ beta y where beta != 0: y is never read otherwise), as fp32 or
 // bf16: the reference and the kernel store through this one rule.
-SPECDEC_HD inline void linear_bf16_store(LinearBf16Params const& p, int t, int64_t o, float sum) {
-  int64_t const at = t * p.ldy + o;
+SPECDEC_HD inline void linear_bf16_store(LinearBf16Params const& p, int b, int t, int64_t o,
+                                         float sum) {
+  int64_t const at = b * p.y_batch + t * p.ldy + o;
   if (p.y_bf16) {
     static_cast<uint16_t*>(p.y)[at] = float_to_bf16(sum);
   } else {
@@ -65,6 +70,13 @@ inline std::string linear_bf16_error(LinearBf16Params const& p) {
   if (!p.x || !p.w || !p.y) return "x, w and y must not be null";
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) {
     return "x and w must be 16-byte aligned";
+  }
+  if (p.batch < 1 || p.batch > 65535) return "batch " + num(p.batch) + " not in [1, 65535]";
+  if (p.batch > 1 && (p.x_batch % 8 != 0 || p.w_batch % 8 != 0 || p.x_batch < 0 ||
+                      p.w_batch < 0 || p.y_batch < 0)) {
+    return "x_batch " + num(p.x_batch) + " and w_batch " + num(p.w_batch) +
+           " must be non-negative multiples of 8 (16-byte aligned products), y_batch " +
+           num(p.y_batch) + " non-negative";
   }
   if (p.y_bf16 && p.beta != 0.0f) return "beta must be 0 with a bf16 y (no accumulation in bf16)";
   return "";

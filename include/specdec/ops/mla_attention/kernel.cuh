@@ -203,6 +203,7 @@ template <int G>
 static __global__ void __launch_bounds__(kThreads, 1)
     mla_attention_chunk_kernel(__grid_constant__ MlaAttentionParams const p,
                                MlaAttentionPlan const plan) {
+  await_prior_kernels();
   static_assert(G == 8 || G == 16, "head groups of 8 or 16");
   constexpr int HQ = G / 4;       // head quads in the group
   constexpr int LS = 2 * HQ;      // slots per lane in the score tile
@@ -414,6 +415,7 @@ static __global__ void __launch_bounds__(kThreads, 1)
 static __global__ void __launch_bounds__(kCombineThreads)
     mla_attention_combine_kernel(__grid_constant__ MlaAttentionParams const p,
                                  MlaAttentionPlan const plan) {
+  await_prior_kernels();
   __shared__ float s_max[kCombineParts], s_sum[kCombineParts];
   __shared__ float4 s_o[kCombineParts][kCombineColumns];
   int const t = static_cast<int>(blockIdx.x / p.heads), h = static_cast<int>(blockIdx.x % p.heads);
@@ -492,14 +494,13 @@ inline Status mla_attention_cuda(MlaAttentionParams const& p, cudaStream_t strea
     SPECDEC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   }
-  kernel<<<static_cast<unsigned>(blocks), d::kThreads, smem, stream>>>(p, plan);
-  SPECDEC_RETURN_IF_ERROR(cuda_launch_status("mla_attention_chunk_kernel"));
-  if (plan.chunks > 1) {
-    d::mla_attention_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(p.tokens) * p.heads),
-                                      d::kCombineThreads, 0, stream>>>(p, plan);
-    SPECDEC_RETURN_IF_ERROR(cuda_launch_status("mla_attention_combine_kernel"));
-  }
-  return Status::Ok();
+  SPECDEC_RETURN_IF_ERROR(launch_kernel("mla_attention_chunk_kernel", kernel,
+                                        static_cast<unsigned>(blocks), d::kThreads, smem, stream,
+                                        p, plan));
+  if (plan.chunks == 1) return Status::Ok();
+  return launch_kernel("mla_attention_combine_kernel", d::mla_attention_combine_kernel,
+                       static_cast<unsigned>(static_cast<int64_t>(p.tokens) * p.heads),
+                       d::kCombineThreads, 0, stream, p, plan);
 }
 
 }  // namespace specdec::ops

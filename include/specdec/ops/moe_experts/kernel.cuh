@@ -48,8 +48,9 @@
 //      h[pos, n] = silu(g) * u (float) for each sorted position pos of the tile.
 //   3'. rows<down> grid (ceil(H / 16), S): the same over down_e [H, I] reading h, 2 rows of down
 //      per warp, writing out[a, j] for each assignment a.
-//   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] = sum_k weights[t, k] * out[t*K + k, j..]
-//      in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
+//   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] (+)= sum_k weights[t, k] * out[t*K + k,
+//      j..] in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
+// Every kernel is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
 // Rows of a block past the matrix's end are clamped for the loads and not written; on the bf16
 // path columns past the end (H or I not a multiple of the chunk) load zeros.
 // Shapes: x [T, H], ids / weights [T, K], y [T, H], expert tables as params.hpp says, workspace
@@ -180,6 +181,7 @@ __device__ __forceinline__ void accumulate_chunk(typename Fmt::Regs const (&wr)[
 static __global__ void __launch_bounds__(kGroupWarps * 32)
     moe_experts_group_kernel(__grid_constant__ MoeExpertsParams const p,
                              __grid_constant__ Plan const plan) {
+  await_prior_kernels();
   __shared__ int32_t s_count[kGroupWarps][kMoeExpertsMaxExperts];  // per warp: count, then cursor
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int const E = p.experts;
@@ -260,6 +262,7 @@ template <class Fmt, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2)
     moe_experts_rows_kernel(__grid_constant__ MoeExpertsParams const p,
                             __grid_constant__ Plan const plan) {
+  await_prior_kernels();
   constexpr int kRowsPerMat = kGateUp ? Fmt::kGateUpRows : Fmt::kDownRows;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kW = kMats * kRowsPerMat;  // weight rows per warp: [gate rows][up rows] or [down]
@@ -394,6 +397,7 @@ __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale
 // 2. xb = bf16(x) in word order, 8 columns per thread.
 static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16* xb,
                                                   int64_t words) {
+  await_prior_kernels();
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= words) return;
   float4 const lo = reinterpret_cast<float4 const*>(x)[2 * i];
@@ -425,6 +429,7 @@ template <bool kGateUp, bool kOneScale>
 __global__ void __launch_bounds__(kMmaWarps * 32, 4)
     moe_experts_int4_mma_kernel(__grid_constant__ MoeExpertsParams const p,
                                 __grid_constant__ Plan const plan) {
+  await_prior_kernels();
   constexpr int kScales = kOneScale ? 1 : 4;
   __shared__ float partial[kGateUp ? kMmaWarps : 1][32][8];
   int const e = plan.active[blockIdx.y];
@@ -563,17 +568,20 @@ template <bool kOneScale>
 inline Status moe_experts_launch_int4(MoeExpertsParams const& p, Plan const& plan,
                                       cudaStream_t stream) {
   dim3 const gate_up_grid(ceil_div(p.inter, kMmaTileRows), plan.slots);
-  moe_experts_int4_mma_kernel<true, kOneScale><<<gate_up_grid, kMmaWarps * 32, 0, stream>>>(p, plan);
-  SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_int4_mma_kernel<gate_up>"));
+  SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_int4_mma_kernel<gate_up>",
+                                        moe_experts_int4_mma_kernel<true, kOneScale>, gate_up_grid,
+                                        kMmaWarps * 32, 0, stream, p, plan));
   dim3 const down_grid(ceil_div(p.hidden, kMmaWarps * kDownRowsPerWarp), plan.slots);
-  moe_experts_int4_mma_kernel<false, kOneScale><<<down_grid, kMmaWarps * 32, 0, stream>>>(p, plan);
-  return cuda_launch_status("moe_experts_int4_mma_kernel<down>");
+  return launch_kernel("moe_experts_int4_mma_kernel<down>",
+                       moe_experts_int4_mma_kernel<false, kOneScale>, down_grid, kMmaWarps * 32, 0,
+                       stream, p, plan);
 }
 
 // ---- last: y = sum_k weights * out, in k order ----
 static __global__ void __launch_bounds__(kCombineThreads)
     moe_experts_combine_kernel(__grid_constant__ MoeExpertsParams const p,
                                __grid_constant__ Plan const plan) {
+  await_prior_kernels();
   int64_t const per_token = p.hidden / 4;
   int64_t const i = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
   if (i >= static_cast<int64_t>(p.tokens) * per_token) return;
@@ -591,18 +599,24 @@ static __global__ void __launch_bounds__(kCombineThreads)
     acc.z = fmaf(w, o.z, acc.z);
     acc.w = fmaf(w, o.w, acc.w);
   }
-  *reinterpret_cast<float4*>(p.y + t * p.hidden + c) = acc;
+  float4* const y = reinterpret_cast<float4*>(p.y + t * p.hidden + c);
+  if (p.accumulate) {
+    float4 const old = *y;
+    acc = make_float4(old.x + acc.x, old.y + acc.y, old.z + acc.z, old.w + acc.w);
+  }
+  *y = acc;
 }
 
 template <class Fmt>
 inline Status moe_experts_launch_rows(MoeExpertsParams const& p, Plan const& plan,
                                       cudaStream_t stream) {
   dim3 const gate_up_grid(ceil_div(p.inter, kWarps * Fmt::kGateUpRows), plan.slots);
-  moe_experts_rows_kernel<Fmt, true><<<gate_up_grid, kThreads, 0, stream>>>(p, plan);
-  SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_rows_kernel<gate_up>"));
+  SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_rows_kernel<gate_up>",
+                                        moe_experts_rows_kernel<Fmt, true>, gate_up_grid, kThreads,
+                                        0, stream, p, plan));
   dim3 const down_grid(ceil_div(p.hidden, kWarps * Fmt::kDownRows), plan.slots);
-  moe_experts_rows_kernel<Fmt, false><<<down_grid, kThreads, 0, stream>>>(p, plan);
-  return cuda_launch_status("moe_experts_rows_kernel<down>");
+  return launch_kernel("moe_experts_rows_kernel<down>", moe_experts_rows_kernel<Fmt, false>,
+                       down_grid, kThreads, 0, stream, p, plan);
 }
 
 }  // namespace moe_experts_detail
@@ -628,13 +642,15 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
       if ((1 << s) == p.w.group_size) plan.group_shift = s;
     }
   }
-  d::moe_experts_group_kernel<<<1, d::kGroupWarps * 32, 0, stream>>>(p, plan);
-  SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_group_kernel"));
+  SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel, 1,
+                                        d::kGroupWarps * 32, 0, stream, p, plan));
   if (p.w.int4) {
     int64_t const words = static_cast<int64_t>(p.tokens) * (p.hidden / 8);
-    d::moe_experts_to_bf16_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
-        p.x, static_cast<__nv_bfloat16*>(plan.xb), words);
-    SPECDEC_RETURN_IF_ERROR(cuda_launch_status("moe_experts_to_bf16_kernel"));
+    SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_to_bf16_kernel",
+                                          d::moe_experts_to_bf16_kernel,
+                                          static_cast<unsigned>((words + 255) / 256), 256, 0,
+                                          stream, p.x, static_cast<__nv_bfloat16*>(plan.xb),
+                                          words));
     SPECDEC_RETURN_IF_ERROR(plan.group_shift >= 5
                                 ? d::moe_experts_launch_int4<true>(p, plan, stream)
                                 : d::moe_experts_launch_int4<false>(p, plan, stream));
@@ -643,8 +659,8 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   }
   int64_t const quads = static_cast<int64_t>(p.tokens) * (p.hidden / 4);
   auto const blocks = static_cast<unsigned>((quads + d::kCombineThreads - 1) / d::kCombineThreads);
-  d::moe_experts_combine_kernel<<<blocks, d::kCombineThreads, 0, stream>>>(p, plan);
-  return cuda_launch_status("moe_experts_combine_kernel");
+  return launch_kernel("moe_experts_combine_kernel", d::moe_experts_combine_kernel, blocks,
+                       d::kCombineThreads, 0, stream, p, plan);
 }
 
 }  // namespace specdec::ops

@@ -4,8 +4,9 @@
 //   x        [T, H] float   the tokens (post_attention_layernorm'd), row stride H
 //   ids      [T, K] int32   expert of each (token, slot), as moe_route writes them
 //   weights  [T, K] float   routing weight of each (token, slot)
-//   y        [T, H] float   written (overwritten, not accumulated):
-//     y[t] = sum_{k < K} weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t),  e = ids[t, k]
+//   y        [T, H] float   y[t] = m[t] (accumulate false: overwritten) or y[t] += m[t] (true: a
+//                           float add of the rounded m[t], e.g. straight into the residual), with
+//     m[t] = sum_{k < K} weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t),  e = ids[t, k]
 //   silu(v) = v / (1 + exp(-v)); gate_e, up_e [I, H], down_e [H, I] (H = hidden, I =
 //   moe_intermediate_size). An id may repeat within a token (each slot counts).
 //
@@ -76,7 +77,8 @@ struct MoeExpertsParams {
   int experts = 0;                 // E (n_routed_experts)
   int top_k = 1;                   // K (num_experts_per_tok)
   MoeExpertWeights w;              // expert weight tables
-  float* y = nullptr;              // [T, H] float, written
+  float* y = nullptr;              // [T, H] float, written or added to
+  bool accumulate = false;         // y += the experts' sum instead of y =
   void* workspace = nullptr;       // CUDA only: moe_experts_workspace_bytes(T, K, E, H, I) bytes,
   size_t workspace_bytes = 0;      //   16-byte aligned (no initial contents needed)
 };

@@ -6,7 +6,8 @@
 // INT4 as (nibble - 8) * scale, exact in float); gate / up dot products accumulate in double;
 // h = silu(g) * u is computed in double and rounded to float (the kernel's h is a float too);
 // the down dot product accumulates in double over the float h and stays double; y[t, j] sums
-// weights[t, k] * down_k in double in k order and is rounded to float once.
+// weights[t, k] * down_k in double in k order and is rounded to float once (then added to y in
+// float when p.accumulate).
 // bf16_operands (the oracle of the CUDA INT4 path, which multiplies on tensor cores): x, each
 // dequantized weight (nibble - 8) * scale and h are rounded to bf16 (nearest even) before their
 // dot products; everything else as above.
@@ -125,7 +126,8 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p, bool bf16_operands = fa
         acc += static_cast<double>(p.weights[t * K + k]) *
                down_out[static_cast<size_t>((t * K + k) * H + j)];
       }
-      p.y[t * H + j] = static_cast<float>(acc);
+      float const m = static_cast<float>(acc);
+      p.y[t * H + j] = p.accumulate ? p.y[t * H + j] + m : m;
     }
   }
   return Status::Ok();

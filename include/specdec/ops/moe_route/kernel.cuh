@@ -26,6 +26,7 @@ constexpr int kTokensPerBlock = 4;
 
 static __global__ void __launch_bounds__(kTokensPerBlock * 32)
     moe_route_kernel(__grid_constant__ MoeRouteParams const p) {
+  await_prior_kernels();
   __shared__ float s_score[kTokensPerBlock][kMoeRouteMaxExperts];
   __shared__ float s_b[kTokensPerBlock][kMoeRouteMaxExperts];
   __shared__ int32_t s_ids[kTokensPerBlock][kMoeRouteMaxTopK];
@@ -101,8 +102,9 @@ static __global__ void __launch_bounds__(kTokensPerBlock * 32)
 inline Status moe_route_cuda(MoeRouteParams const& p, cudaStream_t stream) {
   if (p.tokens == 0) return Status::Ok();
   int const blocks = (p.tokens + moe_route_detail::kTokensPerBlock - 1) / moe_route_detail::kTokensPerBlock;
-  moe_route_detail::moe_route_kernel<<<blocks, moe_route_detail::kTokensPerBlock * 32, 0, stream>>>(p);
-  return cuda_launch_status("moe_route_kernel");
+  return launch_kernel("moe_route_kernel", moe_route_detail::moe_route_kernel,
+                       static_cast<unsigned>(blocks), moe_route_detail::kTokensPerBlock * 32, 0,
+                       stream, p);
 }
 
 }  // namespace specdec::ops
