@@ -141,10 +141,13 @@ class DeviceBuffer {
   size_t size() const { return count_; }
   bool valid() const { return ptr_ != nullptr || count_ == 0; }
 
+  // upload and fill_bytes return when the device holds the bytes: cudaMemcpy from pageable memory
+  // and cudaMemset may return before, and work on a non-blocking stream would not wait for them.
   Status upload(std::vector<T> const& host) {
     if (host.size() != count_) return Status::InvalidArgument("DeviceBuffer::upload: size mismatch");
-    return cuda_status(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice),
-                       "cudaMemcpy H2D");
+    SPECDEC_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D"));
+    return cuda_status(cudaDeviceSynchronize(), "DeviceBuffer::upload: cudaDeviceSynchronize");
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);
@@ -153,7 +156,8 @@ class DeviceBuffer {
   }
   // Fills every byte with `byte` (tests poison outputs with 0xff before a run).
   Status fill_bytes(int byte) {
-    return cuda_status(cudaMemset(ptr_, byte, count_ * sizeof(T)), "cudaMemset");
+    SPECDEC_RETURN_IF_ERROR(cuda_status(cudaMemset(ptr_, byte, count_ * sizeof(T)), "cudaMemset"));
+    return cuda_status(cudaDeviceSynchronize(), "DeviceBuffer::fill_bytes: cudaDeviceSynchronize");
   }
 
  private:
