@@ -84,6 +84,7 @@ void BM_linear_bf16(benchmark::State& state) {
   p.in = s.in;
   p.y = ops.y.data();
   p.ldy = s.out;
+  p.w_constant = true;  // weights, as in the forward
   specdec::bench::time_launches(state, ops.bytes, [&](int i, cudaStream_t stream) {
     specdec::ops::LinearBf16Params q = p;
     q.w = ops.w[static_cast<size_t>(i) % ops.w.size()].data();

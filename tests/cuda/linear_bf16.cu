@@ -71,6 +71,7 @@ TEST_CASE("linear_bf16: GPU y equals the CPU reference to fp32 rounding") {
         p.ldy = ldy;
         p.y_bf16 = mode == 2;
         p.beta = mode == 1 ? 1.0f : 0.0f;
+        p.w_constant = (T + mode) % 2 == 1;  // both kernel paths (first weights before the wait)
         // The host y starts as the device y does: random where accumulated, else poison.
         std::vector<float> y32 = testing::random_logits(rng, T, ldy, 1.0f);
         if (mode == 0) std::fill(y32.begin(), y32.end(), nan_bits());

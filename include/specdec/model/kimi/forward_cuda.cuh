@@ -703,7 +703,8 @@ namespace detail {
 constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{128} << 20;
 
 // Y [T, out] (row stride ldy, fp32 or bf16) = X [T, in] (bf16, row stride ldx) W^T, W bf16
-// [out, in]; beta 1 accumulates into an fp32 Y. Up to kLinearBf16MaxTokens rows (decode, verify)
+// [out, in] model weights (never written by stream work: ops::linear_bf16's w_constant); beta 1
+// accumulates into an fp32 Y. Up to kLinearBf16MaxTokens rows (decode, verify)
 // of a weight up to kLinearBf16MaxWeightBytes run ops::linear_bf16 where its alignment holds;
 // the rest cuBLAS.
 inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, uint16_t const* X,
@@ -722,6 +723,7 @@ inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, ui
     lp.y_bf16 = ytype == CUDA_R_16BF;
     lp.ldy = ldy;
     lp.beta = beta;
+    lp.w_constant = true;  // model weights
     if (ops::linear_bf16_error(lp).empty()) {
       cudaStream_t stream = nullptr;
       SPECDEC_RETURN_IF_ERROR(cublas_status(cublasGetStream(h, &stream), what));
@@ -937,6 +939,7 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
   uv.x_batch = ckv;
   uv.w_batch = (dq + dv) * ckv;
   uv.y_batch = dv;
+  uv.w_constant = true;
   if (ops::linear_bf16_error(uv).empty()) {
     SPECDEC_RETURN_IF_ERROR(ops::linear_bf16(CudaExecutor{stream}, uv));
   } else {

@@ -10,8 +10,8 @@
 // (L1::no_allocate); x (at most 8 x in bf16) stays in L1 for the block's warps.
 // The warps' partial sums meet in shared memory and are added in warp order: a fixed order, so
 // a rerun gives the same bits. No host synchronisation or allocation: graph-capturable.
-// Launched with programmatic dependent launch (core/cuda.cuh): each warp's first weight loads are
-// issued before the kernel waits for the one before it.
+// Launched with programmatic dependent launch (core/cuda.cuh): with w_constant each warp's first
+// weight loads are issued before the kernel waits for the one before it.
 // Measured (benchmarks/RESULTS.md): ahead of cuBLAS on Kimi's narrow decode shapes, 3-6% behind
 // it on the widest (o_proj, lm_head). Splitting k over thread-block clusters (fuller last waves)
 // was tried and measured slower on every shape.
@@ -65,12 +65,12 @@ static __global__ void __launch_bounds__(kWarps * 32)
       b[u] = in_k(j) && has_b ? load_streaming(wb + j * kChunk) : zero;
     }
   };
-  // The first weights are in flight while the kernel before this one finishes (nothing on the
-  // stream writes weights); x and y only after it.
-  load_weights(warp);
+  // With w_constant the first weights are in flight while the kernel before this one finishes
+  // (nothing on the stream writes them); x and y, and otherwise w, only after it.
+  if (p.w_constant) load_weights(warp);
   await_prior_kernels();
   for (int64_t j0 = warp; j0 < chunks; j0 += kWarps * kUnroll) {
-    if (j0 != warp) load_weights(j0);
+    if (j0 != warp || !p.w_constant) load_weights(j0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       int64_t const j = j0 + u * kWarps;

@@ -39,6 +39,10 @@ struct LinearBf16Params {
   float beta = 0.0f;            // fp32 y only
   int batch = 1;                // independent products
   int64_t x_batch = 0, w_batch = 0, y_batch = 0;  // element offsets from one to the next
+  // w is not written by work queued before this op on its stream (model weights): the CUDA
+  // kernel may then load its first weights before it waits for the kernel before it
+  // (programmatic dependent launch, core/cuda.cuh). Left false, w is read in stream order.
+  bool w_constant = false;
 };
 
 // Writes output (b, t, o) = sum (+ beta y where beta != 0: y is never read otherwise), as fp32 or
