@@ -256,8 +256,10 @@ endif()
 string(JSON auto_ids GET "${auto_json}" output_ids)
 string(JSON auto_use GET "${auto_json}" advisor speculating)
 string(JSON auto_candidates LENGTH "${auto_json}" advisor candidates)
+# The two EAGLE-3 candidates share the draft's layers: it is loaded once, then reused.
 if(NOT auto_ids STREQUAL plain_ids OR auto_use OR NOT auto_candidates EQUAL 3 OR
-   NOT auto_err MATCHES "advisor \\(12 calibration tokens per configuration\\): not speculating")
+   NOT auto_err MATCHES "advisor \\(12 calibration tokens per configuration\\): not speculating" OR
+   NOT auto_err MATCHES "-draft already loaded for these layers: reused")
   message(FATAL_ERROR "auto (a random EAGLE-3 draft): ${auto_json}${auto_err}")
 endif()
 run_kimi(out rc init-random --preset tiny --out "${DIR}-repeat" --seed 4 --repeat-period 8)

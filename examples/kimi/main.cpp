@@ -111,6 +111,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -606,6 +607,17 @@ Status load_draft(GenerateFlags const& g, LoadedCheckpoint const& m,
 }
 #endif
 
+// A draft model held across engines: loaded for the first P that needs one, lent again to a P
+// with the same draft kind and layer set (generate --speculative-config auto's candidates differ
+// only in the tree), loaded anew for any other. It must outlive the engines it is lent to.
+template <class Exec>
+struct HeldDraft {
+  std::remove_const_t<typename specdec::engine::detail::DraftFor<Exec>::Model> model;
+  bool loaded = false;
+  specdec::DraftKind kind{};
+  std::vector<int> layers;
+};
+
 // Decode / verify forward shapes the CUDA target keeps as graphs (KimiCudaModel::graphs: least
 // recently used leave); a steady decode uses one per batch size and 256-slot context bucket.
 constexpr size_t kCudaGraphShapes = 16;
@@ -633,27 +645,42 @@ struct EngineExecutor<specdec::CudaExecutor> {
 };
 #endif
 
-// SpecEngine<P, Exec> over `target`: the draft loaded for P on Exec (load_draft) into *draft,
+// SpecEngine<P, Exec> over `target`: the draft loaded for P on Exec (load_draft) into *draft
+// (or the one it holds lent again, when its kind and layers are P's),
 // the engine created, its configuration printed, the self-check run (also the warm-up, so a
 // timed request does not carry the first call's set-up). Every tensor-parallel rank runs it;
 // rank 0 (`leader`) prints.
 template <class P, class Exec>
 Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                     typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target, bool leader,
-                    std::remove_const_t<typename specdec::engine::SpecEngine<P, Exec>::DraftModel>* draft,
-                    Exec exec, specdec::engine::SpecEngine<P, Exec>* engine) {
+                    HeldDraft<Exec>* draft, Exec exec,
+                    specdec::engine::SpecEngine<P, Exec>* engine) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
   if constexpr (Engine::kDraftsWithModel) {
-    std::optional<specdec::io::ProgressBar> bar;
-    if (leader) bar.emplace("load draft " + g.draft_path);
-    Status const s = load_draft<P>(g, m, *target, draft);
-    if (bar) bar->finish();
-    SPECDEC_RETURN_IF_ERROR(s);
+    std::span<int const> const layers = P::Layers::ids();
+    bool const held = draft->loaded && draft->kind == P::kKind &&
+                      std::ranges::equal(draft->layers, layers);
+    if (held) {
+      if (leader) {
+        std::fprintf(stderr, "specdec-kimi: draft %s already loaded for these layers: reused\n",
+                     g.draft_path.c_str());
+      }
+    } else {
+      draft->loaded = false;
+      std::optional<specdec::io::ProgressBar> bar;
+      if (leader) bar.emplace("load draft " + g.draft_path);
+      Status const s = load_draft<P>(g, m, *target, &draft->model);
+      if (bar) bar->finish();
+      SPECDEC_RETURN_IF_ERROR(s);
+      draft->loaded = true;
+      draft->kind = P::kKind;
+      draft->layers.assign(layers.begin(), layers.end());
+    }
   }
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
-  SPECDEC_RETURN_IF_ERROR(
-      Engine::create(target, Engine::kDraftsWithModel ? draft : nullptr, eo, engine, exec));
+  SPECDEC_RETURN_IF_ERROR(Engine::create(target, Engine::kDraftsWithModel ? &draft->model : nullptr,
+                                         eo, engine, exec));
   std::string graphs;
 #if defined(__CUDACC__)
   if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
@@ -696,14 +723,15 @@ template <class P, class Exec>
 Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                   typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
                   std::vector<int32_t> const& ids, bool leader, nlohmann::json* j,
-                  specdec::engine::SpecMetrics* metrics = nullptr) {
+                  specdec::engine::SpecMetrics* metrics = nullptr,
+                  HeldDraft<Exec>* held = nullptr) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
-  std::remove_const_t<typename Engine::DraftModel> draft;
+  HeldDraft<Exec> own;
   EngineExecutor<Exec> exec;
   SPECDEC_RETURN_IF_ERROR(exec.create());
   Engine engine;
-  SPECDEC_RETURN_IF_ERROR(
-      (start_engine<P, Exec>(g, m, target, leader, &draft, exec.exec, &engine)));
+  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, leader, held ? held : &own,
+                                                 exec.exec, &engine)));
   specdec::engine::GenerationRequest r;
   r.prompt = ids;
   r.max_new_tokens = g.o.max_new_tokens;
@@ -753,6 +781,7 @@ Status run_auto(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
   int const calibration = std::min(g.o.max_new_tokens, kAutoCalibrationTokens);
   std::vector<se::MeasuredRun> runs;
   std::vector<double> measured_tps;
+  HeldDraft<Exec> draft;  // loaded once for the candidates' (one) layer set
   for (specdec::SpecConfig const& c : configs) {
     GenerateFlags gc = g;
     gc.spec = c;
@@ -761,7 +790,7 @@ Status run_auto(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
     nlohmann::json jc;
     se::SpecMetrics metrics;
     SPECDEC_RETURN_IF_ERROR(specdec::dispatch<ServedPolicies>(c, [&]<class P>() -> Status {
-      return run_engine<P, Exec>(gc, m, target, ids, true, &jc, &metrics);
+      return run_engine<P, Exec>(gc, m, target, ids, true, &jc, &metrics, &draft);
     }));
     if (metrics.verify_ct < 1) {
       return Status::InvalidArgument(
@@ -785,7 +814,7 @@ Status run_auto(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
   gf.spec = chosen;
   gf.auto_config = false;
   SPECDEC_RETURN_IF_ERROR(specdec::dispatch<ServedPolicies>(chosen, [&]<class P>() -> Status {
-    return run_engine<P, Exec>(gf, m, target, ids, true, j);
+    return run_engine<P, Exec>(gf, m, target, ids, true, j, nullptr, &draft);
   }));
   nlohmann::json table = nlohmann::json::array();
   for (size_t i = 0; i < advice.predictions.size(); ++i) {
@@ -1198,7 +1227,7 @@ Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint
                   specdec::io::Tokenizer const& tokenizer, int rank,
                   specdec::engine::LockstepChannel* lockstep) {
   using Engine = specdec::engine::SpecEngine<P, Exec>;
-  std::remove_const_t<typename Engine::DraftModel> draft;
+  HeldDraft<Exec> draft;
   EngineExecutor<Exec> exec;
   SPECDEC_RETURN_IF_ERROR(exec.create());
   Engine engine;
