@@ -442,7 +442,8 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
   md +=
       "- time: CUDA events around one forward call (LogitsMode::kFull), the metadata upload "
       "included: eager (the host launches every kernel; host ms = time until the call returns) "
-      "and graph (the forward captured once as a CUDA graph, then replayed: KimiCudaModel::graphs), "
+      "and graph (the forward captured once as a CUDA graph, then replayed: "
+      "KimiCudaModel::graphs), "
       "both with programmatic dependent launch; no PDL = the graph captured without it; "
       "min / max, floor and ratios are the graph's\n\n";
   md +=
@@ -454,9 +455,11 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
     Timing const& t = r.time;
     double const fraction = r.floor_ms / t.median_ms, ratio = t.median_ms / decode_ms;
     md += format(
-        "| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %s | %.3f | %.3f | %.3f |\n",
+        "| %s | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %s | %.3f | %.3f | "
+        "%.3f |\n",
         r.shape.name.c_str(), (long long)r.shape.tokens(), r.eager.median_ms, r.eager.host_ms,
-        r.plain.median_ms, t.median_ms, t.min_ms, t.max_ms, r.experts_per_layer, gb(r.bytes).c_str(), r.floor_ms,
+        r.plain.median_ms, t.median_ms, t.min_ms, t.max_ms, r.experts_per_layer,
+        gb(r.bytes).c_str(), r.floor_ms,
         fraction, ratio);
     nlohmann::json s = {{"name", r.shape.name},
                         {"kind", r.shape.verify ? "verify" : "decode"},

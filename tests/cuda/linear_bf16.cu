@@ -154,7 +154,8 @@ TEST_CASE("linear_bf16: batched products (one per attention head) equal the CPU 
       CAPTURE(T);
       int64_t const ldx = sh.batch * sh.in, ldy = sh.batch * sh.out;
       std::vector<uint16_t> const x = random_bf16(rng, T * ldx, 1.0f);
-      std::vector<uint16_t> const w = random_bf16(rng, sh.batch * sh.w_rows_per_batch * sh.in, 0.05f);
+      std::vector<uint16_t> const w =
+          random_bf16(rng, sh.batch * sh.w_rows_per_batch * sh.in, 0.05f);
       int64_t const w_at = (sh.w_rows_per_batch - sh.out) * sh.in;  // the last rows of each
       LinearBf16Params p;
       p.ldx = ldx;
@@ -201,7 +202,9 @@ TEST_CASE("linear_bf16: batched products (one per attention head) equal the CPU 
             double const gpu = sh.y_bf16 ? bf16_to_float(g16[at]) : g32[at];
             double const slack = sh.y_bf16 ? std::fabs(cpu) / 128.0 : 0.0;
             if (!(std::fabs(gpu - cpu) <= 1e-4 * sum_abs + 1e-30 + slack)) {
-              if (bad < 5) MESSAGE("b " << b << " t " << t << " o " << o << ": gpu " << gpu << " cpu " << cpu);
+              if (bad < 5) {
+                MESSAGE("b " << b << " t " << t << " o " << o << ": gpu " << gpu << " cpu " << cpu);
+              }
               ++bad;
             }
           }

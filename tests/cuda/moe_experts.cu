@@ -344,7 +344,7 @@ TEST_CASE("moe_experts: GPU output matches the CPU reference") {
   MESSAGE("compared " << runs << " launches");
 }
 
-TEST_CASE("moe_experts: accumulate adds the experts' sum to y (the residual) instead of overwriting") {
+TEST_CASE("moe_experts: accumulate adds the experts' sum to y (the residual), not overwriting") {
   for (int G : {32, 0}) {  // INT4, bf16
     CAPTURE(G);
     Shape const s{1024, 512, 64, 6, G};

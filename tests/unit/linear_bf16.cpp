@@ -72,7 +72,8 @@ TEST_CASE("linear_bf16 reference: batched products each take their own x, w and 
   }
   for (int r = 0; r < 5; ++r) {
     for (int k = 0; k < 8; ++k) {
-      w[static_cast<size_t>(8 * r + k)] = float_to_bf16(r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : 9.0f);
+      float const v = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : 9.0f;
+      w[static_cast<size_t>(8 * r + k)] = float_to_bf16(v);
     }
   }
   std::vector<float> y(6, 1234.0f);

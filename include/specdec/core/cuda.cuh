@@ -145,8 +145,9 @@ class DeviceBuffer {
   // and cudaMemset may return before, and work on a non-blocking stream would not wait for them.
   Status upload(std::vector<T> const& host) {
     if (host.size() != count_) return Status::InvalidArgument("DeviceBuffer::upload: size mismatch");
-    SPECDEC_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D"));
+    SPECDEC_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice),
+                    "cudaMemcpy H2D"));
     return cuda_status(cudaDeviceSynchronize(), "DeviceBuffer::upload: cudaDeviceSynchronize");
   }
   std::vector<T> download() const {

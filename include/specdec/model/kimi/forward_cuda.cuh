@@ -25,8 +25,8 @@
 //   xn = rms(x, input_layernorm) (fp32 -> bf16); q = xn q_proj^T or q_b(rms(xn q_a^T)) (fp32)
 //   kva = xn kv_a^T; cache row of each token = [rms(kva[:c], kv_a_layernorm) | rope(kva[c:])]
 //   qabs[t, h] = [q_nope_h W_UK_h (one strided-batched GEMM over heads) | rope(q_pe_h)]
-//   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (batched over heads:
-//         ops::linear_bf16 up to 8 tokens, else cuBLAS; bf16)
+//   lat = ops::mla_attention(qabs, cache) [T, nh, c]; o_h = lat_h W_UV_h^T (gemm_bf16 batched
+//         over the heads, bf16)
 //   x += o o_proj^T (the GEMM accumulates into x)
 //   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
 //   dense: x += down(silu(xn gate^T) * (xn up^T))   (gate / up one GEMM over stacked weights,
@@ -702,16 +702,23 @@ namespace detail {
 // lm_head (2.35 GB) streams 3-6% faster through cuBLAS (bench_linear_bf16, benchmarks/RESULTS.md).
 constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{128} << 20;
 
+// A batch of gemm_bf16 products (e.g. one per attention head): product b reads X + b x and
+// W + b w and writes Y + b y (element offsets).
+struct GemmBatch {
+  int count = 1;
+  int64_t x = 0, w = 0, y = 0;
+};
+
 // Y [T, out] (row stride ldy, fp32 or bf16) = X [T, in] (bf16, row stride ldx) W^T, W bf16
 // [out, in] model weights (never written by stream work: ops::linear_bf16's w_constant); beta 1
-// accumulates into an fp32 Y. Up to kLinearBf16MaxTokens rows (decode, verify)
-// of a weight up to kLinearBf16MaxWeightBytes run ops::linear_bf16 where its alignment holds;
-// the rest cuBLAS.
+// accumulates into an fp32 Y; `batch` products of these shapes. Up to kLinearBf16MaxTokens rows
+// (decode, verify) of weights up to kLinearBf16MaxWeightBytes run ops::linear_bf16 where its
+// alignment holds; the rest cuBLAS (strided-batched for a batch).
 inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, uint16_t const* X,
                         int64_t ldx, uint16_t const* Wt, void* Y, cudaDataType_t ytype,
-                        int64_t ldy, float beta, char const* what) {
+                        int64_t ldy, float beta, char const* what, GemmBatch batch = {}) {
   if (T == 0) return Status::Ok();
-  if (T <= ops::kLinearBf16MaxTokens && 2 * out * in <= kLinearBf16MaxWeightBytes) {
+  if (T <= ops::kLinearBf16MaxTokens && 2 * out * in * batch.count <= kLinearBf16MaxWeightBytes) {
     ops::LinearBf16Params lp;
     lp.x = X;
     lp.ldx = ldx;
@@ -723,6 +730,10 @@ inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, ui
     lp.y_bf16 = ytype == CUDA_R_16BF;
     lp.ldy = ldy;
     lp.beta = beta;
+    lp.batch = batch.count;
+    lp.x_batch = batch.x;
+    lp.w_batch = batch.w;
+    lp.y_batch = batch.y;
     lp.w_constant = true;  // model weights
     if (ops::linear_bf16_error(lp).empty()) {
       cudaStream_t stream = nullptr;
@@ -731,11 +742,21 @@ inline Status gemm_bf16(cublasHandle_t h, int64_t T, int64_t out, int64_t in, ui
     }
   }
   float const alpha = 1.0f;
+  if (batch.count == 1) {
+    return cublas_status(
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(T),
+                     static_cast<int>(in), &alpha, Wt, CUDA_R_16BF, static_cast<int>(in), X,
+                     CUDA_R_16BF, static_cast<int>(ldx), &beta, Y, ytype, static_cast<int>(ldy),
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        what);
+  }
   return cublas_status(
-      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(T),
-                   static_cast<int>(in), &alpha, Wt, CUDA_R_16BF, static_cast<int>(in), X,
-                   CUDA_R_16BF, static_cast<int>(ldx), &beta, Y, ytype, static_cast<int>(ldy),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
+                                 static_cast<int>(T), static_cast<int>(in), &alpha, Wt,
+                                 CUDA_R_16BF, static_cast<int>(in), batch.w, X, CUDA_R_16BF,
+                                 static_cast<int>(ldx), batch.x, &beta, Y, ytype,
+                                 static_cast<int>(ldy), batch.y, batch.count, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT),
       what);
 }
 
@@ -922,37 +943,11 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
                                                           ap.max_slots);
   SPECDEC_RETURN_IF_ERROR(ops::mla_attention(CudaExecutor{stream}, ap));
   SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.lat, T * nh * ckv, s.lat_bf, stream));
-  // Per head h: o_h [T, dv] = lat_h [T, c] W_UV_h^T (bf16 out): ops::linear_bf16 batched over
-  // the heads for a decode's or verify's few tokens, else a strided-batched GEMM (column-major
-  // o_h^T [dv, T] = W_UV_h [dv, c] lat_h^T [c, T]).
-  ops::LinearBf16Params uv;
-  uv.x = s.lat_bf;
-  uv.ldx = nh * ckv;
-  uv.w = l.kv_b_proj + dq * ckv;
-  uv.tokens = static_cast<int>(T);
-  uv.out = dv;
-  uv.in = ckv;
-  uv.y = s.o_bf;
-  uv.y_bf16 = true;
-  uv.ldy = nh * dv;
-  uv.batch = static_cast<int>(nh);
-  uv.x_batch = ckv;
-  uv.w_batch = (dq + dv) * ckv;
-  uv.y_batch = dv;
-  uv.w_constant = true;
-  if (ops::linear_bf16_error(uv).empty()) {
-    SPECDEC_RETURN_IF_ERROR(ops::linear_bf16(CudaExecutor{stream}, uv));
-  } else {
-    SPECDEC_RETURN_IF_ERROR(cublas_status(
-        cublasGemmStridedBatchedEx(
-            h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(dv), static_cast<int>(T),
-            static_cast<int>(ckv), &one, l.kv_b_proj + dq * ckv, CUDA_R_16BF,
-            static_cast<int>(ckv), (dq + dv) * ckv, s.lat_bf, CUDA_R_16BF,
-            static_cast<int>(nh * ckv), ckv, &zero, s.o_bf, CUDA_R_16BF,
-            static_cast<int>(nh * dv), dv, static_cast<int>(nh), CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT),
-        "gemm attention output (W_UV)"));
-  }
+  // Per head h: o_h [T, dv] = lat_h [T, c] W_UV_h^T (bf16 out), one batch over the heads.
+  SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, dv, ckv, s.lat_bf, nh * ckv, l.kv_b_proj + dq * ckv,
+                                    s.o_bf, CUDA_R_16BF, nh * dv, 0.0f,
+                                    "gemm attention output (W_UV)",
+                                    {static_cast<int>(nh), ckv, (dq + dv) * ckv, dv}));
   // x += o o_proj^T (tensor parallel: this rank's heads' share, summed over the ranks)
   float* const part = m.comm ? s.part : s.x;
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, H, nh * dv, s.o_bf, nh * dv, l.o_proj, part, CUDA_R_32F,

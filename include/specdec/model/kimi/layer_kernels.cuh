@@ -260,6 +260,10 @@ static __global__ void query_rows_kernel(QueryRows p) {
 }
 
 inline Status query_rows(QueryRows const& p, cudaStream_t stream) {
+  if (p.nope % 2 != 0) {
+    return Status::InvalidArgument("query_rows: nope " + std::to_string(p.nope) +
+                                   " is odd (the kernel converts pairs)");
+  }
   int64_t const n = p.tokens * p.heads * (p.nope / 2 + p.pairs);
   if (n == 0) return Status::Ok();
   return launch_kernel("query_rows", query_rows_kernel,
@@ -288,8 +292,9 @@ static __global__ void add_into_kernel(float* __restrict__ x, float const* __res
 
 inline Status add_into(float* x, float const* part, int64_t n, cudaStream_t stream) {
   if (n == 0) return Status::Ok();
-  return launch_kernel("add_into", add_into_kernel, static_cast<unsigned>(ceil_div<int64_t>(n, 256)),
-                       256, 0, stream, x, part, n);
+  return launch_kernel("add_into", add_into_kernel,
+                       static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream, x, part,
+                       n);
 }
 
 constexpr int kRouterMaxTokens = 8;

@@ -1,6 +1,7 @@
 // linear_bf16 CUDA kernel: y [T, out] = beta y + x [T, in] W^T, T <= 8, on tensor cores.
-// Block (x, b) owns 16 output rows of product b (batched: params.hpp); its 8 warps split k into 32-column chunks (warp w takes chunks w,
-// w + 8, ...), each chunk one pair of mma.sync m16n8k16 (bf16 operands, fp32 accumulators):
+// Block (x, b) owns 16 output rows of product b (batched: params.hpp); its 8 warps split k into
+// 32-column chunks (warp w takes chunks w, w + 8, ...), each chunk one pair of mma.sync m16n8k16
+// (bf16 operands, fp32 accumulators):
 // A = the 16 weight rows, B = x^T with the T tokens as its 8 columns (the rest zero).
 // Lane (g = lane / 4, c = lane % 4) loads 16 bytes of weight rows g and g + 8 and of token g's x,
 // all at columns 32 j + 8 c .. + 7: the fragment's logical k 2c, 2c + 1 / 2c + 8, 2c + 9 then
