@@ -1,0 +1,207 @@
+"""The demo model's data: corpus, tokenizer, token streams and prompts, in one run.
+
+  prepare_data.py --out DIR [--ranks 3840] [--stdlib DIR] [--max-bytes N] [--min-bytes N]
+
+writes into DIR:
+  corpus/{manifest.json,train.txt,heldout.txt}   build_corpus.py (the stdlib's *.py, split by file)
+  tokenizer/{tiktoken.model,tokenizer_config.json}   bpe.py, trained on corpus/train.txt's
+                                documents: --ranks ranks, vocabulary ranks + 256 (Kimi's special
+                                block on top; 3840 -> 4096)
+  data/train_ids.bin            the train documents' ids (bpe.Encoder.encode_ordinary: a special
+  data/heldout_ids.bin          token's text in a document stays text), uint16 little-endian, each
+                                document followed by the [EOS] id (3841 at vocabulary 4096); no
+                                [BOS]
+  data/prompts_train.jsonl      PROMPTS_TRAIN windows of 48..96 tokens of train documents, one
+  data/prompts_heldout.jsonl    a line: {"input_ids": [...], "text": ..., "doc": path,
+                                "token": index in the document}; PROMPTS_HELDOUT of held-out ones
+  data/meta.json                vocabulary, ranks, special ids, token and byte counts, bytes per
+                                token, the split pattern, the prompt rules
+A window starts at the first token of a non-blank line (after its indentation: the split pattern
+ends a piece there) and ends inside its document. The starts are a sample, without repeats, of all
+such tokens with 96 tokens of their document after them, drawn by random.Random(PROMPT_SEED) (one
+generator per list); the lengths are drawn by the same generator, in document order.
+Standard library only; the same stdlib files give byte-identical outputs. Timings go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from array import array
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bpe  # noqa: E402
+import build_corpus  # noqa: E402
+
+PROMPTS_TRAIN = 6000
+PROMPTS_HELDOUT = 64
+PROMPT_MIN_TOKENS = 48
+PROMPT_MAX_TOKENS = 96
+PROMPT_SEED = 1234
+
+
+def line_starts(ids: list[int], tokens: list[bytes]) -> list[int]:
+    """Indices of the tokens that begin a non-blank line's text (after its indentation)."""
+    out = []
+    at_line_start = True  # only spaces / tabs since the last '\n' (or the document's start)
+    for k, i in enumerate(ids):
+        t = tokens[i]
+        if at_line_start and t[0] not in b" \t\n\r\f\x0b":
+            out.append(k)
+        nl = t.rfind(b"\n")
+        tail = t if nl < 0 else t[nl + 1 :]
+        at_line_start = (at_line_start or nl >= 0) and not tail.strip(b" \t")
+    return out
+
+
+def sample_prompts(docs, doc_ids, enc: bpe.Encoder, count: int) -> list[dict]:
+    cands = []
+    for d, ids in enumerate(doc_ids):
+        last = len(ids) - PROMPT_MAX_TOKENS
+        cands.extend((d, k) for k in line_starts(ids, enc.tokens) if k <= last)
+    rng = random.Random(PROMPT_SEED)
+    picks = sorted(rng.sample(range(len(cands)), min(count, len(cands))))
+    prompts = []
+    for p in picks:
+        d, k = cands[p]
+        window = doc_ids[d][k : k + rng.randint(PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS)]
+        prompts.append({"input_ids": window, "text": enc.decode(window), "doc": docs[d].path,
+                        "token": k})
+    return prompts
+
+
+def write_ids(path: str, doc_ids: list[list[int]], eos: int) -> int:
+    a = array("H")
+    for ids in doc_ids:
+        a.extend(ids)
+        a.append(eos)
+    if sys.byteorder == "big":
+        a.byteswap()
+    with open(path, "wb") as f:
+        a.tofile(f)
+    return len(a)
+
+
+def write_jsonl(path: str, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ranks", type=int, default=3840, help="256 bytes + merges (default 3840)")
+    ap.add_argument("--stdlib", help="the standard library directory (default: sysconfig's)")
+    ap.add_argument("--max-bytes", type=int, help="a small corpus (build_corpus.py)")
+    ap.add_argument("--min-bytes", type=int, default=build_corpus.DEFAULT_MIN_BYTES,
+                    help="refuse a source with fewer bytes (default %(default)s)")
+    ap.add_argument("--prompts", type=int, default=PROMPTS_TRAIN)
+    ap.add_argument("--heldout-prompts", type=int, default=PROMPTS_HELDOUT)
+    args = ap.parse_args(argv)
+    vocab = args.ranks + bpe.KIMI_BLOCK
+    if args.ranks < 256 or vocab > 1 << 16:
+        print(f"prepare_data: --ranks {args.ranks}: needs 256 <= ranks <= {(1 << 16) - 256} "
+              "(uint16 ids)", file=sys.stderr)
+        return 2
+    clock = time.perf_counter()
+
+    def lap(what: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        print(f"{what}: {now - clock:.1f} s", flush=True)
+        clock = now
+
+    try:
+        corpus = build_corpus.build_corpus(args.stdlib, args.max_bytes, args.min_bytes)
+    except build_corpus.CorpusError as e:
+        print(f"prepare_data: {e}", file=sys.stderr)
+        return 2
+    manifest = build_corpus.write_corpus(args.out, corpus)
+    print(f"corpus: {manifest['train']['files']} train files ({manifest['train']['bytes']} "
+          f"bytes), {manifest['heldout']['files']} held-out ({manifest['heldout']['bytes']} "
+          f"bytes), {len(manifest['skipped'])} skipped, from {corpus.stdlib_dir}")
+    lap("corpus")
+
+    counts = bpe.count_pieces(d.text for d in corpus.train)
+    lap(f"split: {sum(counts.values())} pieces, {len(counts)} distinct")
+    try:
+        tokens = bpe.train(counts, args.ranks)
+    except bpe.BpeError as e:
+        print(f"prepare_data: {e}", file=sys.stderr)
+        return 2
+    tok_dir = os.path.join(args.out, "tokenizer")
+    bpe.write_tokenizer(tok_dir, tokens)
+    lap(f"train: {args.ranks} ranks, vocabulary {vocab}")
+
+    enc = bpe.load_tokenizer(tok_dir)
+    specials = bpe.special_ids(args.ranks)
+    eos = specials["[EOS]"]
+    data_dir = os.path.join(args.out, "data")
+    os.makedirs(data_dir, exist_ok=True)
+    splits = {}
+    for name, docs in (("train", corpus.train), ("heldout", corpus.heldout)):
+        doc_ids = [enc.encode_ordinary(d.text) for d in docs]
+        stream = write_ids(os.path.join(data_dir, f"{name}_ids.bin"), doc_ids, eos)
+        text_tokens = stream - len(doc_ids)
+        text_bytes = sum(len(d.text.encode("utf-8")) for d in docs)
+        with_special = sum(1 for d in docs if enc.special_regex.search(d.text))
+        meta_split = {
+            "documents": len(docs),
+            "text_bytes": text_bytes,
+            "text_tokens": text_tokens,
+            "stream_tokens": stream,
+            "bytes_per_token": round(text_bytes / text_tokens, 4),
+            "documents_holding_special_text": with_special,
+        }
+        splits[name] = (docs, doc_ids, meta_split)
+        lap(f"encode {name}: {text_tokens} tokens, {text_bytes / text_tokens:.3f} bytes/token")
+
+    prompt_counts = {}
+    for name, count in (("train", args.prompts), ("heldout", args.heldout_prompts)):
+        docs, doc_ids, _ = splits[name]
+        rows = sample_prompts(docs, doc_ids, enc, count)
+        write_jsonl(os.path.join(data_dir, f"prompts_{name}.jsonl"), rows)
+        prompt_counts[name] = len(rows)
+    lap(f"prompts: {prompt_counts['train']} train, {prompt_counts['heldout']} held-out")
+
+    meta = {
+        "vocab_size": vocab,
+        "ranks": args.ranks,
+        "special_ids": {
+            "bos": specials["[BOS]"],
+            "eos": eos,
+            "pad": specials["[PAD]"],
+            "im_end": specials["<|im_end|>"],
+        },
+        "ids_file_format": "uint16 little-endian; each document followed by eos; no bos",
+        "pattern": bpe.PATTERN,
+        "train": splits["train"][2],
+        "heldout": splits["heldout"][2],
+        "prompts": {
+            "train": prompt_counts["train"],
+            "heldout": prompt_counts["heldout"],
+            "tokens": [PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS],
+            "seed": PROMPT_SEED,
+            "start": "the first token of a non-blank line of a document",
+        },
+        "corpus": {
+            "stdlib_dir": corpus.stdlib_dir,
+            "python_version": manifest["python_version"],
+            "max_bytes": corpus.max_bytes,
+        },
+    }
+    with open(os.path.join(data_dir, "meta.json"), "w", encoding="utf-8", newline="\n") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}/{{corpus,tokenizer,data}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
