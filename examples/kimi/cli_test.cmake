@@ -16,8 +16,8 @@
 # generate --input-ids of tokenize's ids and adds "prompt_ids" and "text" (= tokenize --decode of
 # output_ids), --chat starts with <|im_user|> as tokenize --chat does. Without PCRE2, --prompt and
 # tokenize exit 1 naming PCRE2. Either way both or neither of --prompt / --input-ids exit 2.
-# init-random --config-only with generate --random-weights: see below. --speculative-config auto:
-# see its block.
+# init-random --config-only with generate --random-weights: see below. --speculative-config auto
+# and capture: see their blocks.
 set(scratch "${DIR}-text.txt" "${DIR}-prompt.txt" "${DIR}-ids.txt" "${DIR}-special.txt"
     "${DIR}-pat")
 file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
@@ -320,6 +320,266 @@ if(NOT rc EQUAL 2 OR NOT out MATCHES "--speculative-config fastest: the one valu
   message(FATAL_ERROR "--speculative-config fastest gave exit ${rc}: ${out}")
 endif()
 
+# capture: each prompts line continued by plain decoding, then one prefill over the whole
+# sequence, written to a safetensors file (model/kimi/capture.hpp). Read back here: every
+# sequence is its prompt + generate's output for that prompt (greedy; sampled: line 0 is
+# generate --seed's, and --batch does not change a sampled line), the greedy top-1 of each
+# continuation row is the next token, --layers 2,0 swaps the halves of 0,2's aux rows, shards
+# 0/2 + 1/2 hold the unsharded sequences, the draft's layer set is read from its config; bad
+# lines and flags are refused naming the line or flag.
+set(cap "${DIR}-capture")
+file(REMOVE_RECURSE "${cap}")
+file(MAKE_DIRECTORY "${cap}")
+# A little-endian hex string (file(READ ... HEX)) as a number.
+function(hex_le out_var hex)
+  string(LENGTH "${hex}" n)
+  set(be "")
+  foreach(i RANGE 0 ${n} 2)
+    if(i LESS n)
+      string(SUBSTRING "${hex}" ${i} 2 byte)
+      set(be "${byte}${be}")
+    endif()
+  endforeach()
+  math(EXPR v "0x${be}")
+  set(${out_var} ${v} PARENT_SCOPE)
+endfunction()
+# Tensor `name` of a safetensors file: its dtype, and its bytes as hex, or for I32 / I64 its
+# values as a list.
+function(read_tensor file name dtype_var values_var)
+  file(READ "${file}" len_hex LIMIT 8 HEX)
+  hex_le(len "${len_hex}")
+  file(READ "${file}" header OFFSET 8 LIMIT ${len})
+  string(JSON dtype GET "${header}" ${name} dtype)
+  string(JSON begin GET "${header}" ${name} data_offsets 0)
+  string(JSON end GET "${header}" ${name} data_offsets 1)
+  math(EXPR offset "8 + ${len} + ${begin}")
+  math(EXPR size "${end} - ${begin}")
+  file(READ "${file}" hex OFFSET ${offset} LIMIT ${size} HEX)
+  set(values "${hex}")
+  if(dtype STREQUAL "I32" OR dtype STREQUAL "I64")
+    set(width 8)
+    if(dtype STREQUAL "I64")
+      set(width 16)
+    endif()
+    set(values)
+    math(EXPR last "${size} * 2 - ${width}")
+    foreach(i RANGE 0 ${last} ${width})
+      string(SUBSTRING "${hex}" ${i} ${width} word)
+      hex_le(v "${word}")
+      list(APPEND values ${v})
+    endforeach()
+  endif()
+  set(${dtype_var} ${dtype} PARENT_SCOPE)
+  set(${values_var} "${values}" PARENT_SCOPE)
+endfunction()
+# Sequence s of a capture file (its input_ids) into out_var, as "a;b;c".
+function(capture_sequence file s out_var)
+  read_tensor("${file}" input_ids dt ids)
+  read_tensor("${file}" seq_starts dt starts)
+  math(EXPR s1 "${s} + 1")
+  list(GET starts ${s} begin)
+  list(GET starts ${s1} end)
+  math(EXPR n "${end} - ${begin}")
+  list(SUBLIST ids ${begin} ${n} seq)
+  set(${out_var} "${seq}" PARENT_SCOPE)
+endfunction()
+function(capture_metadata file key out_var)
+  file(READ "${file}" len_hex LIMIT 8 HEX)
+  hex_le(len "${len_hex}")
+  file(READ "${file}" header OFFSET 8 LIMIT ${len})
+  string(JSON v GET "${header}" __metadata__ ${key})
+  set(${out_var} "${v}" PARENT_SCOPE)
+endfunction()
+# A JSON array "[1,2]" as "1;2".
+function(json_ids out_var json)
+  string(REGEX REPLACE "[][ ]" "" list "${json}")
+  string(REPLACE "," ";" list "${list}")
+  set(${out_var} "${list}" PARENT_SCOPE)
+endfunction()
+
+set(cap_prompts "7,300,12" "1,2,3,4,5,6,8" "9" "100,101,102,103")
+file(WRITE "${cap}/p.jsonl" "{\"input_ids\": [7,300,12], \"text\": \"ignored\"}\n"
+     "{\"input_ids\": [1,2,3,4,5,6,8]}\n{\"input_ids\": [9]}\n"
+     "{\"id\": 3, \"input_ids\": [100,101,102,103]}\n")
+set(capture_flags capture --model-path "${DIR}" --prompts "${cap}/p.jsonl" --max-new-tokens 7)
+function(run_capture out_file)
+  run_kimi(out rc ${capture_flags} --out "${out_file}" ${ARGN})
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "capture ${ARGN} failed (${rc}): ${out}")
+  endif()
+  set(capture_out "${out}" PARENT_SCOPE)
+endfunction()
+run_capture("${cap}/a.safetensors" --layers 0,2 --batch 3)
+string(REGEX MATCH "{\"device\".*}" summary "${capture_out}")
+string(JSON cap_sequences GET "${summary}" sequences)
+string(JSON cap_tokens GET "${summary}" tokens)
+string(JSON cap_tps GET "${summary}" tokens_per_s)
+read_tensor("${cap}/a.safetensors" input_ids dt a_ids)
+read_tensor("${cap}/a.safetensors" seq_starts dt a_starts)
+read_tensor("${cap}/a.safetensors" prompt_lengths dt a_plen)
+read_tensor("${cap}/a.safetensors" topk_ids dt a_topk)
+read_tensor("${cap}/a.safetensors" aux_hidden aux_dt a_aux)
+list(LENGTH a_ids total)
+if(NOT cap_sequences EQUAL 4 OR NOT cap_tokens EQUAL total OR NOT cap_tps GREATER 0 OR
+   NOT a_starts MATCHES "^0;" OR NOT aux_dt STREQUAL "BF16")
+  message(FATAL_ERROR "capture: summary ${summary}, ${total} ids, starts ${a_starts}")
+endif()
+capture_metadata("${cap}/a.safetensors" format format)
+capture_metadata("${cap}/a.safetensors" layers meta_layers)
+if(NOT format STREQUAL "specdec-capture-v1" OR NOT meta_layers STREQUAL "0,2")
+  message(FATAL_ERROR "capture metadata: format ${format}, layers ${meta_layers}")
+endif()
+set(s 0)
+foreach(prompt ${cap_prompts})
+  execute_process(COMMAND "${KIMI}" generate --model-path "${DIR}" --input-ids ${prompt}
+                  --max-new-tokens 7 --json OUTPUT_VARIABLE gen ERROR_QUIET RESULT_VARIABLE rc)
+  string(JSON gen_ids GET "${gen}" output_ids)
+  json_ids(gen_ids "${gen_ids}")
+  string(REPLACE "," ";" want "${prompt}")
+  list(LENGTH want plen)
+  list(APPEND want ${gen_ids})
+  capture_sequence("${cap}/a.safetensors" ${s} got)
+  list(GET a_plen ${s} got_plen)
+  if(NOT got STREQUAL want OR NOT got_plen EQUAL plen)
+    message(FATAL_ERROR "capture sequence ${s}: ${got} (prompt ${got_plen}), generate gives "
+                        "${want} (prompt ${plen})")
+  endif()
+  # Greedy: the top-1 of every row from the prompt's last to the one before the end is the
+  # next token.
+  list(GET a_starts ${s} begin)
+  list(LENGTH got n)
+  math(EXPR first "${begin} + ${plen} - 1")
+  math(EXPR last "${begin} + ${n} - 2")
+  if(first LESS_EQUAL last)
+    foreach(t RANGE ${first} ${last})
+      math(EXPR k "${t} * 8")
+      math(EXPR t1 "${t} + 1")
+      list(GET a_topk ${k} top)
+      list(GET a_ids ${t1} next)
+      if(NOT top EQUAL next)
+        message(FATAL_ERROR "capture row ${t}: top-1 ${top}, next token ${next}")
+      endif()
+    endforeach()
+  endif()
+  math(EXPR s "${s} + 1")
+endforeach()
+# Layer order: 2,0 holds 0,2's halves swapped (a row: 2 x 128 bf16 = 1024 hex digits), bit for
+# bit with the same batches (other batches change the forwards' float rounding).
+run_capture("${cap}/b.safetensors" --layers 2,0 --batch 3)
+read_tensor("${cap}/b.safetensors" aux_hidden dt b_aux)
+read_tensor("${cap}/b.safetensors" input_ids dt b_ids)
+if(NOT b_ids STREQUAL a_ids)
+  message(FATAL_ERROR "capture --layers 2,0 gave other sequences: ${b_ids}")
+endif()
+math(EXPR last "${total} - 1")
+foreach(t RANGE ${last})
+  math(EXPR lo "${t} * 1024")
+  math(EXPR hi "${lo} + 512")
+  string(SUBSTRING "${a_aux}" ${lo} 512 a_lo)
+  string(SUBSTRING "${a_aux}" ${hi} 512 a_hi)
+  string(SUBSTRING "${b_aux}" ${lo} 512 b_lo)
+  string(SUBSTRING "${b_aux}" ${hi} 512 b_hi)
+  if(NOT a_lo STREQUAL b_hi OR NOT a_hi STREQUAL b_lo OR a_lo STREQUAL a_hi)
+    message(FATAL_ERROR "capture row ${t}: --layers 2,0 is not 0,2 with its halves swapped")
+  endif()
+endforeach()
+# Shards 0/2 and 1/2: lines 0, 2 and 1, 3, each sequence as in the unsharded file.
+foreach(index 0 1)
+  run_capture("${cap}/shard${index}.safetensors" --layers 0,2 --shard ${index}/2 --batch 1)
+  read_tensor("${cap}/shard${index}.safetensors" line_index dt lines)
+  math(EXPR other "${index} + 2")
+  if(NOT lines STREQUAL "${index};${other}")
+    message(FATAL_ERROR "capture --shard ${index}/2 holds lines ${lines}")
+  endif()
+  foreach(s 0 1)
+    list(GET lines ${s} line)
+    capture_sequence("${cap}/shard${index}.safetensors" ${s} got)
+    capture_sequence("${cap}/a.safetensors" ${line} want)
+    if(NOT got STREQUAL want)
+      message(FATAL_ERROR "capture --shard ${index}/2 line ${line}: ${got}, unsharded ${want}")
+    endif()
+  endforeach()
+endforeach()
+# A shard that gets no line writes a file of no sequence.
+run_capture("${cap}/empty.safetensors" --layers 0 --shard 4/5)
+read_tensor("${cap}/empty.safetensors" seq_starts dt starts)
+if(NOT starts STREQUAL "0" OR NOT capture_out MATCHES "\"sequences\":0,")
+  message(FATAL_ERROR "capture --shard 4/5 of 4 lines: seq_starts ${starts}: ${capture_out}")
+endif()
+# The EAGLE-3 draft's layers (init-random --layers 0,1,2).
+run_capture("${cap}/draft.safetensors" --speculative-draft-model-path "${DIR}-draft" --topk 3)
+capture_metadata("${cap}/draft.safetensors" layers meta_layers)
+read_tensor("${cap}/draft.safetensors" topk_ids dt d_topk)
+list(LENGTH d_topk n)
+math(EXPR want "${total} * 3")
+if(NOT meta_layers STREQUAL "0,1,2" OR NOT n EQUAL want OR
+   NOT capture_out MATCHES "capture layers \\[0,1,2\\] from ")
+  message(FATAL_ERROR "capture with the draft: layers ${meta_layers}, ${n} top-k ids: "
+                      "${capture_out}")
+endif()
+# Sampled: line 0 is generate --seed's request; --batch does not change any line.
+run_capture("${cap}/s4.safetensors" --layers 1 --temperature 0.9 --seed 5 --batch 4)
+run_capture("${cap}/s1.safetensors" --layers 1 --temperature 0.9 --seed 5 --batch 1)
+read_tensor("${cap}/s4.safetensors" input_ids dt s4_ids)
+read_tensor("${cap}/s1.safetensors" input_ids dt s1_ids)
+execute_process(COMMAND "${KIMI}" generate --model-path "${DIR}" --input-ids 7,300,12
+                --max-new-tokens 7 --temperature 0.9 --seed 5 --json OUTPUT_VARIABLE gen
+                ERROR_QUIET)
+string(JSON gen_ids GET "${gen}" output_ids)
+json_ids(gen_ids "${gen_ids}")
+set(want 7 300 12 ${gen_ids})
+capture_sequence("${cap}/s4.safetensors" 0 got)
+if(NOT s4_ids STREQUAL s1_ids OR NOT got STREQUAL want OR s4_ids STREQUAL a_ids)
+  message(FATAL_ERROR "sampled capture: --batch 4 ${s4_ids}, --batch 1 ${s1_ids}; line 0 ${got}, "
+                      "generate --seed 5 ${want}")
+endif()
+
+function(expect_capture_error code pattern)
+  run_kimi(out rc ${ARGN})
+  if(NOT rc EQUAL code OR NOT out MATCHES "${pattern}")
+    message(FATAL_ERROR "capture ${ARGN}: exit ${rc}, expected ${code} and /${pattern}/: ${out}")
+  endif()
+endfunction()
+set(cap_new ${capture_flags} --out "${cap}/new.safetensors")
+file(WRITE "${cap}/bad.jsonl" "{\"input_ids\": [1]}\n{\"input_ids\": [2]}\n"
+     "{\"input_ids\": [3, 512]}\n")
+expect_capture_error(1 "bad.jsonl line 3: \"input_ids\"\\[1\\] = 512 is outside the vocabulary"
+                     capture --model-path "${DIR}" --prompts "${cap}/bad.jsonl" --layers 0
+                     --max-new-tokens 2 --out "${cap}/new.safetensors")
+file(WRITE "${cap}/bad.jsonl" "{\"input_ids\": [1]}\n[1, 2]\n")
+expect_capture_error(1 "bad.jsonl line 2: top level must be an object"
+                     capture --model-path "${DIR}" --prompts "${cap}/bad.jsonl" --layers 0
+                     --max-new-tokens 2 --out "${cap}/new.safetensors")
+expect_capture_error(1 "line 2: 7 prompt tokens \\+ 250 new tokens exceed max_position_emb"
+                     capture --model-path "${DIR}" --prompts "${cap}/p.jsonl" --layers 0
+                     --max-new-tokens 250 --out "${cap}/new.safetensors")
+expect_capture_error(2 "exactly one of --layers .* got both" ${cap_new} --layers 0
+                     --speculative-draft-model-path "${DIR}-draft")
+expect_capture_error(2 "exactly one of --layers .* got neither" ${cap_new})
+expect_capture_error(1 "--layers \\[0,4\\] has id 4 >= the target's 4 layers" ${cap_new}
+                     --layers 0,4)
+expect_capture_error(1 "--layers \\[1,1\\] lists a layer twice" ${cap_new} --layers 1,1)
+expect_capture_error(1 "is an EAGLE-1/2 draft .* which reads no aux layer set" ${cap_new}
+                     --speculative-draft-model-path "${DIR}-eagle")
+expect_capture_error(1 "--out .*a.safetensors exists: capture never overwrites" ${capture_flags}
+                     --out "${cap}/a.safetensors" --layers 0)
+expect_capture_error(2 "--shard 2/2: need N >= 1 and 0 <= I < N" ${cap_new} --layers 0
+                     --shard 2/2)
+expect_capture_error(2 "--shard expects a whole number, got 'x'" ${cap_new} --layers 0
+                     --shard x/2)
+expect_capture_error(2 "--topk and --batch must be >= 1" ${cap_new} --layers 0 --topk 0)
+if(EXISTS "${cap}/new.safetensors" OR EXISTS "${cap}/new.safetensors.tmp")
+  message(FATAL_ERROR "a refused capture left a file in ${cap}")
+endif()
+run_kimi(out rc ${cap_new} --layers 0 --device cuda)
+set(no_cuda "--device cuda: (no CUDA device is visible|this specdec-kimi was built without CUDA)")
+if(NOT rc EQUAL 0 AND (NOT rc EQUAL 1 OR NOT out MATCHES "${no_cuda}"))
+  message(FATAL_ERROR "capture --device cuda gave exit ${rc}: ${out}")
+endif()
+message(STATUS "cli.kimi: capture of ${cap_sequences} sequences, ${cap_tokens} tokens at "
+               "${cap_tps} tokens/s")
+file(REMOVE_RECURSE "${cap}")
+
 # Text in and out.
 function(kimi_stdout out_var)  # stdout exactly; a non-zero exit fails the test
   execute_process(COMMAND "${KIMI}" ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err
@@ -446,7 +706,34 @@ else()
   set(text_summary "no PCRE2: text features refused")
 endif()
 
+# No --model-path: the embedded demo (models/demo) with its EAGLE-3 draft as a chain of 3. Its
+# greedy output equals the demo target's alone (--speculative-algorithm NONE), it drafts (accept
+# length > 1 over 48 tokens of Python), and stderr names the demo. --random-weights without a
+# model path is refused.
+set(demo_prompt 275,329,99,2754,272,841,259,275,329,1605,272,399,259,294,334,329)
+set(demo generate --input-ids ${demo_prompt} --max-new-tokens 48 --ignore-eos --json)
+run_kimi(out rc ${demo})
+set(demo_line "no --model-path: the embedded demo model [^\n]*target, EAGLE-3 draft [^\n]*draft")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "${demo_line}")
+  message(FATAL_ERROR "generate without --model-path failed (${rc}): ${out}")
+endif()
+kimi_stdout(demo_spec ${demo})
+kimi_stdout(demo_plain ${demo} --speculative-algorithm NONE)
+string(JSON demo_config GET "${demo_spec}" speculative_config)
+string(JSON demo_accept GET "${demo_spec}" accept_length)
+string(JSON demo_spec_ids GET "${demo_spec}" output_ids)
+string(JSON demo_plain_ids GET "${demo_plain}" output_ids)
+if(NOT demo_config MATCHES "^EAGLE3 layers=\\[0,1,2\\] topk=1 steps=3 nodes=4" OR
+   NOT demo_spec_ids STREQUAL demo_plain_ids OR NOT demo_accept GREATER 1.2)
+  message(FATAL_ERROR "the embedded demo: config '${demo_config}', accept length ${demo_accept}, "
+                      "EAGLE-3 ${demo_spec_ids} vs plain ${demo_plain_ids}")
+endif()
+run_kimi(out rc generate --random-weights 1 --input-ids 1,2 --max-new-tokens 2)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--random-weights needs --model-path DIR")
+  message(FATAL_ERROR "--random-weights without --model-path gave exit ${rc}: ${out}")
+endif()
+
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless; "
-               "${text_summary}")
+               "${text_summary}; the embedded demo: accept length ${demo_accept}")
 file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
      ${scratch})

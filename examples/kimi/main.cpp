@@ -29,7 +29,7 @@
 //       --decode: FILE holds ids (a JSON array, or whole numbers separated by commas and / or
 //       whitespace) and it prints their text exactly, no newline added (invalid UTF-8 as U+FFFD;
 //       --json: {"text": "..."})
-//   specdec-kimi generate --model-path DIR (--input-ids 1,2,3 | --prompt TEXT [--chat])
+//   specdec-kimi generate [--model-path DIR] (--input-ids 1,2,3 | --prompt TEXT [--chat])
 //                         --max-new-tokens N [--tokenizer DIR] [--temperature T]
 //                         [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--ignore-eos]
 //                         [--page-size P] [--json]
@@ -58,6 +58,9 @@
 //       first-call set-up included), decode_tokens_per_s (tokens after the first / time of the
 //       speculative steps), accept_length, accept_rate, per_position_accept, verify_ct and the
 //       time split.
+//       Without --model-path it runs the embedded demo (models/demo, found by find_demo_dir: a
+//       small trained Kimi-architecture target) and, unless the flags name another
+//       configuration, its EAGLE-3 draft as a chain of 3; serve likewise.
 //       The prompt is --input-ids or --prompt TEXT (exactly one): the text encoded by the
 //       tokenizer (--tokenizer DIR, default the --model-path DIR) with special tokens' texts
 //       matched, or with --chat as one user message in Kimi's chat template plus the generation
@@ -72,7 +75,27 @@
 //       --device cpu: N threads over the CPU communicator. --device cuda: GPUs 0..N-1 over NCCL
 //       in this process, or N / nnodes GPUs per process with --nnodes, --node-rank and
 //       --dist-init-addr (node 0's HOST:PORT, where it hands out the NCCL id). Rank 0 prints.
-//   specdec-kimi serve --model-path DIR [--tokenizer DIR] [--device cpu|cuda] [--page-size P]
+//   specdec-kimi capture --model-path DIR --prompts FILE.jsonl --out FILE.safetensors
+//                        (--layers 0,1,2 | --speculative-draft-model-path DRAFTDIR)
+//                        --max-new-tokens N [--topk K] [--temperature T --seed S]
+//                        [--device cpu|cuda] [--shard I/N] [--batch B] [--random-weights SEED]
+//       training data for an EAGLE-3 draft, with the hidden states of THIS engine's forward
+//       (model/kimi/capture.hpp has the file's layout). FILE.jsonl: one JSON object a line with
+//       "input_ids": [ids] ("text" and other keys ignored); every line is checked first (a bad
+//       one is an error naming its number); --shard I/N keeps the lines whose 0-based index % N
+//       == I, so N processes share a file. The layer set is --layers (policy/layers.hpp ids: i =
+//       after layer i, -1 = the embedding; kept in the order written) or the EAGLE-3 draft
+//       checkpoint's eagle_aux_hidden_state_layer_ids (absent: its default), exactly one of the
+//       two. Per --batch B prompts (default 16): plain decoding through SpecEngine (NONE) gives up
+//       to N new tokens (stops at config.json's eos ids; greedy at --temperature 0, the default,
+//       else sampled with Philox keyed on (--seed, the prompt's line, step): the same whatever
+//       --batch / --shard), then one target prefill over each whole sequence gives every token's
+//       aux row and the top K (default 8) of its log-softmax. --device cuda runs both on GPU 0
+//       (bf16 activations: rows differ from the CPU's at bf16 rounding). Writes FILE.safetensors
+//       through FILE.safetensors.tmp and a rename, never over an existing file; prints one JSON
+//       line: sequences, tokens (all rows), new_tokens, seconds (decoding + capture forwards;
+//       loading and writing excluded), tokens_per_s = tokens / seconds, and the split
+//   specdec-kimi serve [--model-path DIR] [--tokenizer DIR] [--device cpu|cuda] [--page-size P]
 //                      [--speculative-* as generate] [--no-self-check]
 //                      [--host 127.0.0.1] [--port 30000] [--api-key KEY]
 //                      [--served-model-name NAME] [--max-running-requests 16]
@@ -101,6 +124,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -145,6 +169,7 @@
 #endif
 #include "specdec/model/eagle/config.hpp"
 #include "specdec/model/eagle/random_checkpoint.hpp"
+#include "specdec/model/kimi/capture.hpp"
 #include "specdec/model/kimi/dequantize_checkpoint.hpp"
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
@@ -199,7 +224,7 @@ void usage(std::FILE* out) {
                "       specdec-kimi inspect --model-path DIR\n"
                "       specdec-kimi tokenize --tokenizer DIR --input FILE [--json]\n"
                "                             [--decode | --chat]\n"
-               "       specdec-kimi generate --model-path DIR --max-new-tokens N\n"
+               "       specdec-kimi generate [--model-path DIR] --max-new-tokens N\n"
                "                             (--input-ids 1,2,3 | --prompt TEXT [--chat])\n"
                "                             [--tokenizer DIR] [--json]\n"
                "                             [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
@@ -212,7 +237,13 @@ void usage(std::FILE* out) {
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
                "                             [--random-weights SEED] [--disable-cuda-graph]\n"
                "                             [--speculative-config auto]\n"
-               "       specdec-kimi serve --model-path DIR [generate's model, device and\n"
+               "       specdec-kimi capture --model-path DIR --prompts FILE.jsonl\n"
+               "                            --out FILE.safetensors --max-new-tokens N\n"
+               "                            (--layers 0,1,2 | --speculative-draft-model-path DIR)\n"
+               "                            [--topk K] [--temperature T --seed S]\n"
+               "                            [--device cpu|cuda] [--shard I/N] [--batch B]\n"
+               "                            [--random-weights SEED]\n"
+               "       specdec-kimi serve [--model-path DIR] [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
                "                          [--served-model-name NAME] [--max-running-requests N]\n"
                "                          [--max-total-tokens T] [--context-length L]\n"
@@ -227,9 +258,16 @@ void usage(std::FILE* out) {
                "--tokenizer DIR (default: --model-path); the output adds \"text\" whenever a\n"
                "tokenizer is at hand. Generation stops at config.json's eos_token_id only, with\n"
                "--chat too (<|im_end|> stops it only where the config lists it).\n"
-               "--random-weights SEED (generate, serve): read only --model-path's config.json and\n"
-               "draw the weights from SEED (on the GPU with --device cuda), e.g. for a directory\n"
-               "init-random --config-only wrote.\n");
+               "--random-weights SEED (generate, serve, capture): read only --model-path's\n"
+               "config.json and draw the weights from SEED (on the GPU with --device cuda), e.g.\n"
+               "for a directory init-random --config-only wrote.\n"
+               "capture: each FILE.jsonl line {\"input_ids\": [...]} continued (plain decoding),\n"
+               "then its rows written: input_ids, seq_starts, prompt_lengths, line_index,\n"
+               "aux_hidden [T, |layers| * H] bf16 (the layers in the order given), topk_ids and\n"
+               "topk_logprobs [T, K] (the next token's log-softmax, top K); --shard I/N takes\n"
+               "the lines whose index % N == I.\n"
+               "generate and serve without --model-path run the embedded demo (models/demo: a\n"
+               "small trained Kimi-architecture model) with its EAGLE-3 draft as a chain of 3.\n");
 }
 
 [[noreturn]] void fail_usage(std::string const& msg) {
@@ -566,7 +604,7 @@ struct GenerateFlags {
   bool json = false, self_check = true;
   bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
-  bool have_steps = false, have_topk = false, have_nodes = false;
+  bool have_algorithm = false, have_steps = false, have_topk = false, have_nodes = false;
   bool auto_config = false;  // --speculative-config auto (generate): calibrate, then choose
   int tp_size = 1, nnodes = 1, node_rank = 0;
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
@@ -993,7 +1031,7 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--page-size")) g.o.page_size = f.number<int>();
   else if (f.is("--no-self-check")) g.self_check = false;
   else if (f.is("--disable-cuda-graph")) g.cuda_graph = false;
-  else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value();
+  else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value(), g.have_algorithm = true;
   else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
   else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), g.have_steps = true;
   else if (f.is("--speculative-eagle-topk")) g.spec.eagle_topk = f.number<int>(), g.have_topk = true;
@@ -1010,6 +1048,50 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--random-weights")) g.random_weights = f.number<uint64_t>();
   else return false;
   return true;
+}
+
+// The embedded demo (models/demo: a trained target and its EAGLE-3 draft, tools/demo), found in
+// $SPECDEC_DEMO_DIR, else the source tree this binary was built from, else the install tree
+// (<prefix>/share/specdec/models/demo beside <prefix>/bin); empty when none holds it.
+std::string find_demo_dir(char const* argv0) {
+  std::vector<std::filesystem::path> candidates;
+  if (char const* env = std::getenv("SPECDEC_DEMO_DIR")) candidates.emplace_back(env);
+#if defined(SPECDEC_DEMO_DIR)
+  candidates.emplace_back(SPECDEC_DEMO_DIR);
+#endif
+  std::error_code ec;
+  std::filesystem::path const exe = std::filesystem::canonical("/proc/self/exe", ec);
+  std::filesystem::path const bin = ec ? std::filesystem::path(argv0).parent_path()
+                                       : exe.parent_path();
+  candidates.push_back(bin / ".." / "share" / "specdec" / "models" / "demo");
+  for (std::filesystem::path const& dir : candidates) {
+    if (std::filesystem::is_regular_file(dir / "target" / "config.json", ec)) return dir.string();
+  }
+  return "";
+}
+
+// No --model-path: generate and serve run the embedded demo, with speculation on: its EAGLE-3
+// draft as a chain of 3 (steps 3, topk 1, 4 draft tokens) unless the flags name another
+// configuration (--speculative-algorithm NONE runs the target alone). Says so on stderr.
+void use_embedded_demo(GenerateFlags& g, char const* argv0, std::string const& command) {
+  if (g.random_weights) fail_usage(command + " --random-weights needs --model-path DIR");
+  std::string const dir = find_demo_dir(argv0);
+  if (dir.empty()) {
+    fail_usage(command + " needs --model-path DIR (the embedded demo model is not here: set "
+                         "SPECDEC_DEMO_DIR to the repository's models/demo)");
+  }
+  g.path = dir + "/target";
+  if (!g.have_algorithm) g.spec.algorithm = "EAGLE3";
+  if (g.spec.algorithm == "EAGLE3" && g.draft_path.empty()) {
+    g.draft_path = dir + "/draft";
+    if (!g.have_steps && !g.have_topk && !g.have_nodes) {
+      g.spec.num_steps = 3, g.spec.eagle_topk = 1, g.spec.num_draft_tokens = 4;
+      g.have_steps = g.have_topk = g.have_nodes = true;
+    }
+  }
+  std::fprintf(stderr, "specdec-kimi: no --model-path: the embedded demo model %s%s\n",
+               g.path.c_str(),
+               g.draft_path.empty() ? "" : (", EAGLE-3 draft " + g.draft_path).c_str());
 }
 
 // The target of the flags: --model-path's checkpoint, or with --random-weights its config.json
@@ -1106,7 +1188,7 @@ int generate(int argc, char** argv) {
       g.auto_config = true;
     } else f.unknown();
   }
-  if (g.path.empty()) fail_usage("generate needs --model-path DIR");
+  if (g.path.empty()) use_embedded_demo(g, argv[0], "generate");
   if (have_input == g.prompt.has_value()) {
     fail_usage(std::string("generate needs exactly one of --input-ids (comma-separated token ids) "
                            "and --prompt TEXT; got ") +
@@ -1191,6 +1273,242 @@ int generate(int argc, char** argv) {
 #endif
   std::printf("%s\n", g.json ? j.dump().c_str() : j.dump(2).c_str());
   return finish(s);
+}
+
+// The capture flags beyond the model, device and sampling ones GenerateFlags holds.
+struct CaptureFlags {
+  std::string prompts, out, layers, draft_path;
+  int topk = 8, batch = 16;
+  specdec::model::kimi::CaptureShard shard;
+};
+
+// --shard I/N: a usage error unless 0 <= I < N.
+specdec::model::kimi::CaptureShard parse_shard(std::string const& text) {
+  size_t const slash = text.find('/');
+  if (slash == std::string::npos) {
+    fail_usage("--shard " + text + ": use I/N (this process takes the lines whose index % N == I)");
+  }
+  specdec::model::kimi::CaptureShard s;
+  s.index = number<int>("--shard", text.substr(0, slash).c_str());
+  s.count = number<int>("--shard", text.substr(slash + 1).c_str());
+  if (s.count < 1 || s.index < 0 || s.index >= s.count) {
+    fail_usage("--shard " + text + ": need N >= 1 and 0 <= I < N");
+  }
+  return s;
+}
+
+// The capture's layer set: --layers as written, or the EAGLE-3 draft checkpoint's record
+// (model/eagle/config.hpp: eagle_aux_hidden_state_layer_ids, or its documented default), checked
+// against the target's layer count as the engine checks a draft's.
+Status capture_layers(CaptureFlags const& cf, specdec::io::DeepseekV3Config const& target,
+                      std::vector<int>* layers) {
+  namespace eagle = specdec::model::eagle;
+  int const L = target.num_hidden_layers;
+  if (!cf.layers.empty()) {
+    *layers = number_list<int>("--layers", cf.layers);
+    return eagle::detail::check_layer_ids(*layers, L, "--layers", "");
+  }
+  eagle::DraftConfig draft;
+  SPECDEC_RETURN_IF_ERROR(eagle::read_draft_config(cf.draft_path, L, &draft));
+  if (!draft.eagle3()) {
+    return Status::InvalidArgument(
+        "--speculative-draft-model-path " + cf.draft_path + " is an " + draft.kind_name() +
+        " draft (" + draft.architecture + "), which reads no aux layer set: capture feeds "
+        "EAGLE-3 drafts (name the layers with --layers)");
+  }
+  *layers = draft.layers;
+  std::fprintf(stderr, "specdec-kimi: capture layers %s from %s%s\n",
+               specdec::format_layers(*layers).c_str(), draft.source.c_str(),
+               draft.layers_from_file ? "" : " (eagle_aux_hidden_state_layer_ids absent: default)");
+  return Status::Ok();
+}
+
+// The seconds of a capture's phases.
+struct CaptureTimes {
+  double generate_s = 0.0, forward_s = 0.0;
+  int64_t new_tokens = 0;
+};
+
+// The capture on one target (--tp-size 1), `batch` prompts at a time: SpecEngine<NONE> decodes
+// the batch's continuations (one session; a request's Philox stream is its line, so a sampled
+// continuation is the same whatever --batch and --shard), then capture_batch runs the target's
+// prefill over the batch's whole sequences.
+template <class Exec>
+Status capture_on(GenerateFlags const& g, CaptureFlags const& cf, auto* target,
+                  std::vector<specdec::model::kimi::CapturePrompt> const& prompts,
+                  specdec::model::kimi::CaptureRows* rows, CaptureTimes* times) {
+  namespace kimi = specdec::model::kimi;
+  namespace se = specdec::engine;
+  using Engine = se::SpecEngine<specdec::KimiK25NoDraft<specdec::Eager>, Exec>;
+  using Clock = std::chrono::steady_clock;
+  EngineExecutor<Exec> exec;
+  SPECDEC_RETURN_IF_ERROR(exec.create());
+#if defined(__CUDACC__)
+  if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
+    target->graphs.set_capacity(kCudaGraphShapes);
+  }
+#endif
+  se::EngineOptions eo;
+  eo.page_size = g.o.page_size;
+  Engine engine;
+  SPECDEC_RETURN_IF_ERROR(Engine::create(target, nullptr, eo, &engine, exec.exec));
+  kimi::CaptureOptions co;
+  co.page_size = g.o.page_size;
+  size_t const batch = static_cast<size_t>(cf.batch);
+  auto last_line = Clock::now();  // of progress on stderr: one every 10 s, and the last
+  for (size_t first = 0; first < prompts.size(); first += batch) {
+    size_t const n = std::min(batch, prompts.size() - first);
+    auto const t0 = Clock::now();
+    std::vector<se::GenerationRequest> requests(n);
+    std::vector<kimi::CaptureSequence> seqs(n);
+    se::SessionOptions so;
+    so.max_running = static_cast<int>(n);
+    for (size_t i = 0; i < n; ++i) {
+      kimi::CapturePrompt const& p = prompts[first + i];
+      se::GenerationRequest& r = requests[i];
+      r.prompt = p.ids;
+      r.max_new_tokens = g.o.max_new_tokens;
+      r.temperature = g.o.temperature;
+      r.seed = g.o.seed;
+      int64_t const tokens = static_cast<int64_t>(p.ids.size()) + r.max_new_tokens;
+      so.num_pages += engine.pages_for(tokens);
+      so.max_request_tokens = std::max(so.max_request_tokens, tokens);
+      so.max_prefill_tokens += static_cast<int64_t>(p.ids.size());  // every prompt in one step
+      seqs[i].line = p.line;
+      seqs[i].tokens = p.ids;
+      seqs[i].prompt_length = static_cast<int32_t>(p.ids.size());
+    }
+    typename Engine::Session session(engine);
+    SPECDEC_RETURN_IF_ERROR(session.open(so));
+    for (size_t i = 0; i < n; ++i) {
+      std::string const who = "line " + std::to_string(prompts[first + i].line + 1) + ": ";
+      SPECDEC_RETURN_IF_ERROR(session
+                                  .admit(static_cast<kimi::RequestId>(i), requests[i],
+                                         static_cast<uint32_t>(prompts[first + i].line))
+                                  .prefixed(who));
+    }
+    std::vector<se::StepEvent> events;
+    while (!session.idle()) {
+      SPECDEC_RETURN_IF_ERROR(session.step(&events));
+      for (se::StepEvent const& ev : events) {
+        std::vector<int32_t>& t = seqs[static_cast<size_t>(ev.id)].tokens;
+        t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+        times->new_tokens += static_cast<int64_t>(ev.tokens.size());
+      }
+    }
+    auto const t1 = Clock::now();
+    SPECDEC_RETURN_IF_ERROR(kimi::capture_batch(exec.exec, *target, seqs, co, rows));
+    auto const t2 = Clock::now();
+    times->generate_s += std::chrono::duration<double>(t1 - t0).count();
+    times->forward_s += std::chrono::duration<double>(t2 - t1).count();
+    if (t2 - last_line >= std::chrono::seconds(10) || first + n == prompts.size()) {
+      last_line = t2;
+      std::fprintf(stderr, "specdec-kimi: capture: %zu / %zu sequences, %lld tokens\n",
+                   first + n, prompts.size(), static_cast<long long>(rows->tokens()));
+    }
+  }
+  return Status::Ok();
+}
+
+int capture(int argc, char** argv) {
+  GenerateFlags g;
+  CaptureFlags cf;
+  bool have_max = false;
+  for (Flags f(argc, argv); f.next();) {
+    if (f.is("--model-path")) g.path = f.value();
+    else if (f.is("--prompts")) cf.prompts = f.value();
+    else if (f.is("--out")) cf.out = f.value();
+    else if (f.is("--layers")) cf.layers = f.value();
+    else if (f.is("--speculative-draft-model-path")) cf.draft_path = f.value();
+    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>(), have_max = true;
+    else if (f.is("--topk")) cf.topk = f.number<int>();
+    else if (f.is("--temperature")) g.o.temperature = f.number<float>();
+    else if (f.is("--seed")) g.o.seed = f.number<uint64_t>();
+    else if (f.is("--device")) g.device = f.value();
+    else if (f.is("--shard")) cf.shard = parse_shard(f.value());
+    else if (f.is("--batch")) cf.batch = f.number<int>();
+    else if (f.is("--random-weights")) g.random_weights = f.number<uint64_t>();
+    else f.unknown();
+  }
+  if (g.path.empty()) fail_usage("capture needs --model-path DIR");
+  if (cf.prompts.empty()) fail_usage("capture needs --prompts FILE.jsonl");
+  if (cf.out.empty()) fail_usage("capture needs --out FILE.safetensors");
+  if (!have_max) fail_usage("capture needs --max-new-tokens N");
+  if (cf.layers.empty() == cf.draft_path.empty()) {
+    fail_usage(std::string("capture needs exactly one of --layers (e.g. 0,1,2) and "
+                           "--speculative-draft-model-path DIR (its EAGLE-3 layer set); got ") +
+               (cf.layers.empty() ? "neither" : "both"));
+  }
+  if (g.o.max_new_tokens < 1 || cf.topk < 1 || cf.batch < 1) {
+    fail_usage("--max-new-tokens, --topk and --batch must be >= 1");
+  }
+  if (!(g.o.temperature >= 0.0f) || std::isinf(g.o.temperature)) {
+    fail_usage("--temperature must be a finite number >= 0 (0: greedy)");
+  }
+  check_common_flags(g);
+  Status s = check_device(g);
+  if (!s.ok()) return finish(s);
+  std::error_code no_file;
+  if (std::filesystem::exists(cf.out, no_file)) {
+    return finish(Status::InvalidArgument("--out " + cf.out +
+                                          " exists: capture never overwrites (remove it, or "
+                                          "name another file)"));
+  }
+  // The layers and every prompt are checked against config.json before any weight is read.
+  specdec::io::DeepseekV3Config config;
+  s = specdec::io::load_config(g.path, &config);
+  if (!s.ok()) return finish(s);
+  std::vector<int> layers;
+  s = capture_layers(cf, config, &layers);
+  if (!s.ok()) return finish(s);
+  namespace kimi = specdec::model::kimi;
+  kimi::CaptureRows rows;
+  s = kimi::CaptureRows::start(config, layers, cf.topk, &rows);
+  if (!s.ok()) return finish(s.prefixed("--topk / --layers: "));
+  std::vector<kimi::CapturePrompt> prompts;
+  s = kimi::read_capture_prompts(cf.prompts, config, g.o.max_new_tokens, cf.shard, &prompts);
+  if (!s.ok()) return finish(s);
+  std::string const shard_text =
+      std::to_string(cf.shard.index) + "/" + std::to_string(cf.shard.count);
+  if (prompts.empty()) {
+    std::fprintf(stderr, "specdec-kimi: capture: shard %s holds no line of %s: the file has no "
+                 "sequence\n", shard_text.c_str(), cf.prompts.c_str());
+  }
+  LoadedCheckpoint m;
+  s = load_target(g, &m);
+  if (!s.ok()) return finish(s);
+  CaptureTimes times;
+  s = for_each_rank(g, m, shard_of(g, specdec::DraftKind::kNone),
+                    [&]<class Exec>(int, auto* target) -> Status {
+                      return capture_on<Exec>(g, cf, target, prompts, &rows, &times);
+                    });
+  if (!s.ok()) return finish(s);
+  double const seconds = times.generate_s + times.forward_s;
+  char temperature[32];
+  std::snprintf(temperature, sizeof temperature, "%g", static_cast<double>(g.o.temperature));
+  s = kimi::write_capture(cf.out, rows,
+                          {{"model_path", g.path},
+                           {"temperature", temperature},
+                           {"max_new_tokens", std::to_string(g.o.max_new_tokens)},
+                           {"seed", std::to_string(g.o.seed)},
+                           {"device", g.device},
+                           {"shard", shard_text},
+                           {"prompts", cf.prompts}});
+  if (!s.ok()) return finish(s.prefixed("--out: "));
+  int64_t const tokens = rows.tokens();
+  nlohmann::json const j = {{"out", cf.out},
+                            {"sequences", rows.sequences()},
+                            {"tokens", tokens},
+                            {"new_tokens", times.new_tokens},
+                            {"layers", layers},
+                            {"shard", shard_text},
+                            {"device", g.device},
+                            {"seconds", seconds},
+                            {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0},
+                            {"generate_seconds", times.generate_s},
+                            {"forward_seconds", times.forward_s}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
 }
 
 // The serve flags beyond generate's shared ones.
@@ -1309,7 +1627,7 @@ int serve(int argc, char** argv) {
     else if (f.is("--default-max-tokens")) default_max_tokens = f.number<int>();
     else f.unknown();
   }
-  if (g.path.empty()) fail_usage("serve needs --model-path DIR");
+  if (g.path.empty()) use_embedded_demo(g, argv[0], "serve");
   check_common_flags(g);
   if (port < 0 || port > 65535) fail_usage("--port " + std::to_string(port) + ": use 0..65535");
   if (sf.max_running < 1 || sf.max_total_tokens < 1 || sf.chunked_prefill_size < 1 ||
@@ -1410,7 +1728,8 @@ int dequantize(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fail_usage("missing command (init-random, inspect, generate, serve, tokenize, dequantize)");
+    fail_usage(
+        "missing command (init-random, inspect, generate, capture, serve, tokenize, dequantize)");
   }
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
@@ -1422,6 +1741,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return inspect(argc, argv);
     if (cmd == "dequantize") return dequantize(argc, argv);
     if (cmd == "generate") return generate(argc, argv);
+    if (cmd == "capture") return capture(argc, argv);
     if (cmd == "serve") return serve(argc, argv);
     if (cmd == "tokenize") return tokenize(argc, argv);
   } catch (std::exception const& e) {
@@ -1429,5 +1749,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   fail_usage("unknown command '" + cmd +
-             "' (init-random, inspect, generate, serve, tokenize, dequantize)");
+             "' (init-random, inspect, generate, capture, serve, tokenize, dequantize)");
 }
