@@ -28,7 +28,10 @@
 # 1,29,57, draft vocabulary 32000, ~2 GB written): 32 tokens plainly and with an EAGLE-3 chain of
 # 3 (4 nodes); per verify the time of each phase, and one speculative step over the plain step
 # (scripts/verify_split.py: the accept length from which the chain pays on this model).
-# kimi, kimi1gpu and step alone (in any mix) build only their binaries.
+# demo (not in all): tools/demo/eval_accept.py on the embedded demo (models/demo) with --device
+# cuda: 16 held-out prompts (models/demo/eval_prompts.jsonl), plain and EAGLE-3 chain 3, greedy;
+# same tokens required; accept length and both decode rates -> $OUT/demo_eval_cuda.json.
+# kimi, kimi1gpu, step and demo alone (in any mix) build only their binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on the shared multi-GPU hosts (the machines set it; so does this).
@@ -38,8 +41,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
     all) stages+=(tests parity bench engine tp); shift ;;
-    tests|parity|bench|engine|tp|kimi|kimi1gpu|step) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step; --bench-filter REGEX)" >&2; exit 2 ;;
+    tests|parity|bench|engine|tp|kimi|kimi1gpu|step|demo) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step demo; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
@@ -48,7 +51,7 @@ wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 only_targets=()
 for stage in "${stages[@]}"; do
   case $stage in
-    kimi|kimi1gpu) only_targets+=(specdec-kimi) ;;
+    kimi|kimi1gpu|demo) only_targets+=(specdec-kimi) ;;
     step) only_targets+=(specdec_bench_kimi_step) ;;
     *) only_targets=(); break ;;
   esac
@@ -120,6 +123,17 @@ if wants kimi; then
     { echo "--- kimi FAILED"; tail -5 "$logs/kimi.log"; } >> "$summary"; status=1
   fi
   rm -rf "$dir"
+fi
+if wants demo; then
+  # The embedded demo on the CUDA executor: held-out prompts, plain and EAGLE-3 chain 3, greedy.
+  if timeout 240 python3 tools/demo/eval_accept.py --specdec-kimi $build/examples/specdec-kimi \
+       --model-path models/demo/target --draft models/demo/draft \
+       --prompts models/demo/eval_prompts.jsonl --count 16 --max-new-tokens 96 --device cuda \
+       --out "$OUT/demo_eval_cuda.json" > "$logs/demo.log" 2>&1; then
+    { echo "--- demo (cuda)"; grep -v "^prompt" "$logs/demo.log"; } >> "$summary"
+  else
+    { echo "--- demo FAILED"; tail -20 "$logs/demo.log"; } >> "$summary"; status=1
+  fi
 fi
 if wants step; then
   if timeout "${SPECDEC_STEP_SECONDS:-400}" $build/benchmarks/specdec_bench_kimi_step \

@@ -1,5 +1,6 @@
 // Test support: the tiny random Kimi / DeepseekV3 checkpoint written to a folder and loaded back
 // (config, safetensors, weights), as `specdec-kimi init-random --preset tiny` writes it (1 shard),
+// or any checkpoint folder loaded (load_kimi_dir),
 // and what the forward tests share (MaxDiff, random_tokens, Tree).
 // doctest REQUIREs stop the calling test on any failure.
 #pragma once
@@ -31,6 +32,16 @@ struct TinyKimi {
   model::kimi::KimiWeights weights;
 };
 
+// Loads the checkpoint in `dir` (config, safetensors, weights), e.g. the demo's models/demo/target.
+inline void load_kimi_dir(std::filesystem::path const& dir, TinyKimi* m) {
+  Status s = io::load_config(dir, &m->config);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  s = io::SafetensorsCheckpoint::open(dir.string(), &m->ckpt);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  s = model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+}
+
 // Writes the tiny preset (INT4 experts when `int4`, else bf16) with `seed` into `dir` and loads it.
 // `patch`, when given, edits config.json before the load (the weights stay as written).
 inline void load_tiny_kimi(std::filesystem::path const& dir, bool int4, uint64_t seed, TinyKimi* m,
@@ -45,12 +56,7 @@ inline void load_tiny_kimi(std::filesystem::path const& dir, bool int4, uint64_t
     patch(j);
     std::ofstream(cfg) << j.dump(2);
   }
-  s = io::load_config(dir, &m->config);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = io::SafetensorsCheckpoint::open(dir.string(), &m->ckpt);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
-  s = model::kimi::load_kimi_weights(m->ckpt, m->config, &m->weights);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  load_kimi_dir(dir, m);
 }
 
 // Largest |got - want| and |want| over the values compared (forward comparisons).

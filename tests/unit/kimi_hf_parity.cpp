@@ -2,11 +2,15 @@
 // Face transformers' DeepseekV3ForCausalLM on the same checkpoint (the tiny random preset, seed 1,
 // 1 shard, regenerated here as the script wrote it): fp32 logits of 4 positions within a stated
 // tolerance and with the same argmax, and 64 greedy tokens exactly (or up to a near-tie).
-// Two fixtures from scripts/hf_parity.py (transformers fp32 on an H200, TF32 off):
+// Three fixtures from scripts/hf_parity.py (transformers fp32 on an H200, TF32 off):
 //   tests/fixtures/hf_parity_tiny.json       bf16 checkpoint, transformers on the same directory
 //   tests/fixtures/hf_parity_tiny_int4.json  INT4-expert checkpoint (--int4); transformers on its
 //                                            exact fp32 copy (specdec-kimi dequantize), ours on
 //                                            the INT4 directory itself
+//   tests/fixtures/hf_parity_demo.json       the trained demo target as shipped in
+//                                            models/demo/target (--checkpoint; INT4 experts,
+//                                            transformers on its exact fp32 copy), on a real
+//                                            held-out prompt
 // A missing or malformed fixture fails the test.
 #include "specdec/model/kimi/forward_reference.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
@@ -38,23 +42,38 @@ using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
 
 
-json load_fixture(bool int4) {
-  fs::path const path =
-      fs::path(SPECDEC_TEST_FIXTURES_DIR) / (int4 ? "hf_parity_tiny_int4.json" : "hf_parity_tiny.json");
+// A checked checkpoint: the tiny preset regenerated (bf16 or INT4 experts), or the demo's
+// target as shipped in models/demo/target (INT4 experts, trained: tools/demo).
+enum class Case { kTiny, kTinyInt4, kDemo };
+
+json load_fixture(Case c) {
+  char const* const name = c == Case::kTiny       ? "hf_parity_tiny.json"
+                           : c == Case::kTinyInt4 ? "hf_parity_tiny_int4.json"
+                                                  : "hf_parity_demo.json";
+  fs::path const path = fs::path(SPECDEC_TEST_FIXTURES_DIR) / name;
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot read ", path.string(), " (scripts/hf_parity.py writes it)");
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   REQUIRE_MESSAGE(!j.is_discarded(), path.string(), " is not valid JSON");
-  REQUIRE(j.at("config_name") == "tiny");
-  REQUIRE(j.at("seed") == 1);
   REQUIRE(j.at("start_position") == 0);
-  REQUIRE(j.value("int4", false) == int4);
+  REQUIRE(j.value("int4", false) == (c != Case::kTiny));
+  if (c == Case::kDemo) {
+    REQUIRE(j.at("config_name") == "demo");
+  } else {
+    REQUIRE(j.at("config_name") == "tiny");
+    REQUIRE(j.at("seed") == 1);
+  }
   return j;
 }
 
-// What `specdec-kimi init-random --preset tiny --seed 1 [--int4]` writes, 1 shard.
-void load_fixture_checkpoint(fs::path const& dir, bool int4, TinyKimi* m) {
-  load_tiny_kimi(dir, int4, 1, m);
+// The case's checkpoint: `specdec-kimi init-random --preset tiny --seed 1 [--int4]` (1 shard)
+// written into `dir`, or the demo's target.
+void load_fixture_checkpoint(fs::path const& dir, Case c, TinyKimi* m) {
+  if (c == Case::kDemo) {
+    specdec::testing::load_kimi_dir(fs::path(SPECDEC_DEMO_DIR) / "target", m);
+  } else {
+    load_tiny_kimi(dir, c == Case::kTinyInt4, 1, m);
+  }
 }
 
 std::vector<float> forward(TinyKimi const& m, std::vector<int32_t> const& tokens) {
@@ -71,11 +90,11 @@ int64_t argmax(std::span<float const> row) {
   return std::max_element(row.begin(), row.end()) - row.begin();
 }
 
-void check_logits(bool int4) {
-  json const fx = load_fixture(int4);
+void check_logits(Case c) {
+  json const fx = load_fixture(c);
   TempDir tmp;
   TinyKimi m;
-  load_fixture_checkpoint(tmp.path / "ckpt", int4, &m);
+  load_fixture_checkpoint(tmp.path / "ckpt", c, &m);
   int64_t const V = m.config.vocab_size;
   auto const ids = fx.at("input_ids").get<std::vector<int32_t>>();
   auto const positions = fx.at("logits_positions").get<std::vector<int64_t>>();
@@ -113,11 +132,11 @@ void check_logits(bool int4) {
   MESSAGE("max |logit diff| ", max_abs, ", max diff / row max |logit| ", max_rel);
 }
 
-void check_greedy(bool int4) {
-  json const fx = load_fixture(int4);
+void check_greedy(Case c) {
+  json const fx = load_fixture(c);
   TempDir tmp;
   TinyKimi m;
-  load_fixture_checkpoint(tmp.path / "ckpt", int4, &m);
+  load_fixture_checkpoint(tmp.path / "ckpt", c, &m);
   int64_t const V = m.config.vocab_size;
   std::vector<int32_t> tokens = fx.at("input_ids").get<std::vector<int32_t>>();
   size_t const prompt = tokens.size();
@@ -162,7 +181,15 @@ void check_greedy(bool int4) {
 
 }  // namespace
 
-TEST_CASE("kimi_hf_parity: logits of the last 4 positions (bf16)") { check_logits(false); }
-TEST_CASE("kimi_hf_parity: 64 greedy tokens (bf16)") { check_greedy(false); }
-TEST_CASE("kimi_hf_parity: logits of the last 4 positions (INT4 experts)") { check_logits(true); }
-TEST_CASE("kimi_hf_parity: 64 greedy tokens (INT4 experts)") { check_greedy(true); }
+TEST_CASE("kimi_hf_parity: logits of the last 4 positions (bf16)") { check_logits(Case::kTiny); }
+TEST_CASE("kimi_hf_parity: 64 greedy tokens (bf16)") { check_greedy(Case::kTiny); }
+TEST_CASE("kimi_hf_parity: logits of the last 4 positions (INT4 experts)") {
+  check_logits(Case::kTinyInt4);
+}
+TEST_CASE("kimi_hf_parity: 64 greedy tokens (INT4 experts)") { check_greedy(Case::kTinyInt4); }
+TEST_CASE("kimi_hf_parity: logits of the last 4 positions (the trained demo target)") {
+  check_logits(Case::kDemo);
+}
+TEST_CASE("kimi_hf_parity: 64 greedy tokens (the trained demo target)") {
+  check_greedy(Case::kDemo);
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Measures the demo's speculative decoding on held-out prompts with specdec-kimi itself.
+
+    python3 tools/demo/eval_accept.py --specdec-kimi BIN --model-path TARGET --draft DRAFT \
+        --prompts prompts_heldout.jsonl [--count 16] [--max-new-tokens 96] [--out eval.json]
+
+For each of the first --count prompts ({"input_ids": [...]} per line) it runs `specdec-kimi
+generate --json --ignore-eos` greedily twice: plain (NONE) and EAGLE-3 as a chain of 3 draft steps
+(4 verified tokens). The two outputs must be equal token for token (greedy speculation is
+lossless); any difference is an error. It reports the accept length over all prompts (tokens
+committed per verify, bonus included, over all verifies of all prompts; the first token, drawn
+at prefill, is not a verify's),
+per-position acceptance and both decode rates, and writes them with the per-prompt figures to
+--out. Exit status 1 on a mismatch or a failed run.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+CHAIN3 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print("eval_accept: %s failed (%d):\n%s" % (" ".join(cmd[:3]), r.returncode, r.stderr),
+              file=sys.stderr)
+        sys.exit(1)
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--specdec-kimi", required=True)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--count", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+
+    prompts = [json.loads(line)["input_ids"] for line in open(a.prompts) if line.strip()]
+    prompts = prompts[: a.count]
+    base = [a.specdec_kimi, "generate", "--model-path", a.model_path, "--json", "--ignore-eos",
+            "--device", a.device, "--max-new-tokens", str(a.max_new_tokens)]
+    rows, mismatches = [], 0
+    tokens = verifies = 0
+    accepted = None
+    plain_s = spec_s = plain_dtps = spec_dtps = 0.0
+    for i, p in enumerate(prompts):
+        ids = ["--input-ids", ",".join(str(v) for v in p)]
+        plain = run(base + ids + ["--speculative-algorithm", "NONE"])
+        spec = run(base + ids + CHAIN3 + ["--speculative-draft-model-path", a.draft,
+                                          "--no-self-check"])
+        same = plain["output_ids"] == spec["output_ids"]
+        mismatches += not same
+        n = len(spec["output_ids"])
+        tokens += spec["accept_length"] * spec["verify_ct"]  # committed by verifies
+        verifies += spec["verify_ct"]
+        per = spec["per_position_accept"]
+        # per-position acceptance is accepted / proposed at that depth: weight by verifies
+        if accepted is None:
+            accepted = [0.0] * len(per)
+        for k, v in enumerate(per):
+            accepted[k] += v * spec["verify_ct"]
+        plain_s += plain["seconds"]
+        spec_s += spec["seconds"]
+        plain_dtps += plain["decode_tokens_per_s"]
+        spec_dtps += spec["decode_tokens_per_s"]
+        rows.append({"prompt": i, "accept_length": spec["accept_length"],
+                     "same_tokens": same, "tokens": n, "verify_ct": spec["verify_ct"]})
+        print("prompt %2d: accept length %.3f, %s" % (i, spec["accept_length"],
+                                                      "same tokens" if same else "MISMATCH"),
+              flush=True)
+    summary = {
+        "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "device": a.device,
+        "config": "EAGLE3 chain: steps 3, topk 1, 4 verified tokens; temperature 0",
+        "accept_length": tokens / max(verifies, 1),
+        "per_position_accept": [v / max(verifies, 1) for v in (accepted or [])],
+        "mismatches": mismatches,
+        "plain_seconds": plain_s, "speculative_seconds": spec_s,
+        "speedup_wall": plain_s / spec_s if spec_s > 0 else None,
+        "plain_decode_tokens_per_s": plain_dtps / max(len(prompts), 1),
+        "speculative_decode_tokens_per_s": spec_dtps / max(len(prompts), 1),
+        "per_prompt": rows,
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    if mismatches:
+        print("eval_accept: %d prompts differ between plain and speculative decoding" % mismatches,
+              file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
