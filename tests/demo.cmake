@@ -40,3 +40,18 @@ cmake_language(EVAL CODE "
                  CALL specdec_register_demo_tokenizer [[${PROJECT_SOURCE_DIR}]]
                       [[${CMAKE_CURRENT_BINARY_DIR}]])
 ")
+
+# demo.bench_plot: tools/bench_plot.py (the PNG chart of a specdec-kimi bench --json sweep) renders
+# its built-in sample, reads the PNG back (chunks, CRCs, zlib, filter bytes) and checks its size,
+# the bars' heights against the values, the advisor's choice colour, and that bad JSON is refused
+# (exit 2). Standard-library Python only; under a second.
+find_program(SPECDEC_PYTHON3 python3)
+if(SPECDEC_PYTHON3)
+  add_test(NAME demo.bench_plot
+           COMMAND ${SPECDEC_PYTHON3} ${PROJECT_SOURCE_DIR}/tools/bench_plot.py --self-test)
+  set_tests_properties(demo.bench_plot PROPERTIES TIMEOUT 60 LABELS demo)
+else()
+  message(STATUS "specdec: demo.bench_plot disabled: python3 not found")
+  add_test(NAME demo.bench_plot COMMAND python3 tools/bench_plot.py --self-test)
+  set_tests_properties(demo.bench_plot PROPERTIES DISABLED TRUE LABELS demo)
+endif()
