@@ -17,7 +17,7 @@
 # output_ids), --chat starts with <|im_user|> as tokenize --chat does. Without PCRE2, --prompt and
 # tokenize exit 1 naming PCRE2. Either way both or neither of --prompt / --input-ids exit 2.
 # init-random --config-only with generate --random-weights: see below. --speculative-config auto
-# and capture: see their blocks.
+# and capture: see their blocks; bench: the block at the end.
 set(scratch "${DIR}-text.txt" "${DIR}-prompt.txt" "${DIR}-ids.txt" "${DIR}-special.txt"
     "${DIR}-pat")
 file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
@@ -256,8 +256,8 @@ endif()
 string(JSON auto_ids GET "${auto_json}" output_ids)
 string(JSON auto_use GET "${auto_json}" advisor speculating)
 string(JSON auto_candidates LENGTH "${auto_json}" advisor candidates)
-# The two EAGLE-3 candidates share the draft's layers: it is loaded once, then reused.
-if(NOT auto_ids STREQUAL plain_ids OR auto_use OR NOT auto_candidates EQUAL 3 OR
+# The six EAGLE-3 candidates share the draft's layers: it is loaded once, then reused.
+if(NOT auto_ids STREQUAL plain_ids OR auto_use OR NOT auto_candidates EQUAL 7 OR
    NOT auto_err MATCHES "advisor \\(12 calibration tokens per configuration\\): not speculating" OR
    NOT auto_err MATCHES "-draft already loaded for these layers: reused")
   message(FATAL_ERROR "auto (a random EAGLE-3 draft): ${auto_json}${auto_err}")
@@ -733,7 +733,135 @@ if(NOT rc EQUAL 2 OR NOT out MATCHES "--random-weights needs --model-path DIR")
   message(FATAL_ERROR "--random-weights without --model-path gave exit ${rc}: ${out}")
 endif()
 
+# bench on the embedded demo: plain decoding, then every compiled EAGLE-3 tree of the demo's
+# layer set (chains of 1 to 4 steps, trees 2x3/6 and 4x3/8), each over the first 2 prompts of
+# eval_prompts.jsonl x 16 tokens. The JSON (tools/bench_plot.py's input) parses; NONE comes first
+# at speedup 1; every configuration's outputs equal plain decoding's; the EAGLE-3 ones accept
+# (accept length > 1); the advisor's choice is a configuration and choice_within_5_percent /
+# measured_best agree with the reported decode tokens/s (recomputed here in thousandths, CMake
+# having no floating point arithmetic). The tree flags give one configuration against plain
+# decoding (here at --batch 2). NONE alone, --tp-size 2, a bad prompts line and too few lines
+# are refused, naming why.
+list(APPEND scratch "${DIR}-bench.json" "${DIR}-bench-one.json" "${DIR}-prompts.jsonl")
+# "463.912..." -> 463912 (thousandths, truncated).
+function(to_milli value out_var)
+  if(NOT value MATCHES "^([0-9]+)(\\.([0-9]*))?$")
+    message(FATAL_ERROR "bench: '${value}' is not a plain decimal number")
+  endif()
+  set(frac "${CMAKE_MATCH_3}000")
+  string(SUBSTRING "${frac}" 0 3 frac)
+  math(EXPR milli "${CMAKE_MATCH_1} * 1000 + 1${frac} - 1000")
+  set(${out_var} ${milli} PARENT_SCOPE)
+endfunction()
+run_kimi(out rc bench --count 2 --max-new-tokens 16 --json "${DIR}-bench.json")
+if(NOT rc EQUAL 0 OR NOT EXISTS "${DIR}-bench.json" OR
+   NOT out MATCHES "\\| config \\| accept length \\| per-position \\| decode tok/s \\|" OR
+   NOT out MATCHES "advisor at batch 1: ")
+  message(FATAL_ERROR "bench on the demo failed (${rc}): ${out}")
+endif()
+file(READ "${DIR}-bench.json" bench)
+string(JSON bench_n ERROR_VARIABLE bench_error LENGTH "${bench}" configs)
+if(bench_error OR bench_n LESS 5)
+  message(FATAL_ERROR "bench --json: ${bench_n} configurations (${bench_error}): ${bench}")
+endif()
+string(JSON plain_name GET "${bench}" configs 0 name)
+string(JSON plain_speedup GET "${bench}" configs 0 speedup)
+string(JSON bench_prompts GET "${bench}" prompts)
+string(JSON bench_tokens GET "${bench}" max_new_tokens)
+if(NOT plain_name STREQUAL "NONE" OR NOT plain_speedup EQUAL 1 OR NOT bench_prompts EQUAL 2 OR
+   NOT bench_tokens EQUAL 16)
+  message(FATAL_ERROR "bench: configs[0] ${plain_name} at speedup ${plain_speedup}, "
+                      "${bench_prompts} prompts x ${bench_tokens} tokens: ${bench}")
+endif()
+string(JSON choice GET "${bench}" advisor choice)
+string(JSON reported_best GET "${bench}" advisor measured_best)
+string(JSON choice_vs_best GET "${bench}" advisor choice_vs_best)
+string(JSON within_type TYPE "${bench}" advisor choice_within_5_percent)
+string(JSON within GET "${bench}" advisor choice_within_5_percent)
+set(names "")
+set(best_milli -1)
+set(choice_milli -1)
+math(EXPR last "${bench_n} - 1")
+foreach(i RANGE ${last})
+  string(JSON name GET "${bench}" configs ${i} name)
+  string(JSON algorithm GET "${bench}" configs ${i} algorithm)
+  string(JSON same GET "${bench}" configs ${i} same_tokens_as_plain)
+  string(JSON accept GET "${bench}" configs ${i} accept_length)
+  string(JSON tps GET "${bench}" configs ${i} decode_tokens_per_s)
+  string(JSON verifies GET "${bench}" configs ${i} verify_ct)
+  if(NOT same OR accept LESS 1 OR (algorithm STREQUAL "EAGLE3" AND NOT accept GREATER 1) OR
+     NOT verifies GREATER 0 OR NOT tps GREATER 0)
+    message(FATAL_ERROR "bench: ${name} (${algorithm}): same tokens as plain ${same}, accept "
+                        "length ${accept}, ${verifies} verifies, ${tps} decode tokens/s")
+  endif()
+  if(i GREATER 0 AND NOT algorithm STREQUAL "EAGLE3")
+    message(FATAL_ERROR "bench: configs[${i}] is ${algorithm}, not the demo's EAGLE-3")
+  endif()
+  list(APPEND names "${name}")
+  to_milli(${tps} milli)
+  if(milli GREATER best_milli)
+    set(best_milli ${milli})
+    set(best_name "${name}")
+  endif()
+  if(name STREQUAL choice)
+    set(choice_milli ${milli})
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES names)
+list(LENGTH names distinct)
+if(NOT distinct EQUAL bench_n OR choice_milli LESS 0 OR NOT within_type STREQUAL "BOOLEAN")
+  message(FATAL_ERROR "bench: names ${names}, advisor choice '${choice}', "
+                      "choice_within_5_percent of type ${within_type}")
+endif()
+math(EXPR ratio_milli "${choice_milli} * 1000 / ${best_milli}")
+to_milli(${choice_vs_best} reported_ratio)
+math(EXPR ratio_error "${ratio_milli} - ${reported_ratio}")
+set(expect_within OFF)
+if(ratio_milli GREATER_EQUAL 950)
+  set(expect_within ON)
+endif()
+if(NOT reported_best STREQUAL best_name OR ratio_error GREATER 1 OR ratio_error LESS -1 OR
+   NOT within STREQUAL expect_within)
+  message(FATAL_ERROR "bench: advisor ${choice} at ${choice_milli} / best ${best_name} at "
+                      "${best_milli} thousandths of a token/s: ratio ${ratio_milli}, within "
+                      "${expect_within}; reported best ${reported_best}, choice_vs_best "
+                      "${choice_vs_best}, within ${within}")
+endif()
+# One configuration of the tree flags against plain decoding, two requests a generate call.
+run_kimi(out rc bench --count 2 --max-new-tokens 16 --batch 2 --speculative-num-steps 3
+         --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+         --json "${DIR}-bench-one.json")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench with the tree flags at --batch 2 failed (${rc}): ${out}")
+endif()
+file(READ "${DIR}-bench-one.json" bench_one)
+string(JSON one_n LENGTH "${bench_one}" configs)
+string(JSON one_name GET "${bench_one}" configs 1 name)
+string(JSON one_same GET "${bench_one}" configs 1 same_tokens_as_plain)
+string(JSON one_batch GET "${bench_one}" batch)
+if(NOT one_n EQUAL 2 OR NOT one_name STREQUAL "chain 3" OR NOT one_same OR NOT one_batch EQUAL 2)
+  message(FATAL_ERROR "bench --batch 2 with chain 3's flags: ${bench_one}")
+endif()
+run_kimi(out rc bench --speculative-algorithm NONE --count 2 --max-new-tokens 16)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "with --speculative-algorithm NONE alone there is nothing to")
+  message(FATAL_ERROR "bench --speculative-algorithm NONE gave exit ${rc}: ${out}")
+endif()
+run_kimi(out rc bench --tp-size 2 --count 2 --max-new-tokens 16)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "bench runs at --tp-size 1")
+  message(FATAL_ERROR "bench --tp-size 2 gave exit ${rc}: ${out}")
+endif()
+file(WRITE "${DIR}-prompts.jsonl" "{\"input_ids\": [275, 329]}\n{\"input_ids\": [275, \"x\"]}\n")
+run_kimi(out rc bench --prompts "${DIR}-prompts.jsonl" --count 2 --max-new-tokens 16)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "prompts.jsonl line 2: \"input_ids\"\\[1\\] = \"x\" is not a")
+  message(FATAL_ERROR "bench with a bad prompts line gave exit ${rc}: ${out}")
+endif()
+run_kimi(out rc bench --prompts "${DIR}-prompts.jsonl" --count 3 --max-new-tokens 16)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "--count 3: --prompts .*prompts.jsonl holds 2 lines")
+  message(FATAL_ERROR "bench --count 3 over 2 lines gave exit ${rc}: ${out}")
+endif()
+
 message(STATUS "cli.kimi: generate gave ${ids_first} at ${tps} tokens/s; speculation lossless; "
-               "${text_summary}; the embedded demo: accept length ${demo_accept}")
+               "${text_summary}; the embedded demo: accept length ${demo_accept}; bench: "
+               "${bench_n} configurations lossless, advisor ${choice} (best ${best_name})")
 file(REMOVE_RECURSE "${DIR}" "${DIR}-draft" "${DIR}-eagle" "${DIR}-config" "${DIR}-repeat"
      ${scratch})

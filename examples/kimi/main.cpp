@@ -75,6 +75,31 @@
 //       --device cpu: N threads over the CPU communicator. --device cuda: GPUs 0..N-1 over NCCL
 //       in this process, or N / nnodes GPUs per process with --nnodes, --node-rank and
 //       --dist-init-addr (node 0's HOST:PORT, where it hands out the NCCL id). Rank 0 prints.
+//   specdec-kimi bench [--model-path DIR] [--speculative-algorithm EAGLE3|EAGLE|NGRAM]
+//                      [--speculative-draft-model-path DIR] [--speculative-num-steps S
+//                       --speculative-eagle-topk K --speculative-num-draft-tokens N]
+//                      [--prompts FILE.jsonl] [--count N] [--max-new-tokens M] [--batch B]
+//                      [--device cpu|cuda] [--json FILE] [--no-self-check] [--page-size P]
+//                      [--random-weights SEED] [--disable-cuda-graph]
+//       a speculation sweep measured in one run (engine/bench_sweep.hpp): plain decoding first,
+//       then the configuration of the three tree flags, or without them every compiled tree of
+//       the algorithm and the draft's layer set (as --speculative-config auto's candidates; the
+//       demo: EAGLE-3 chains of 1 to 4 steps, trees 2x3/6 and 4x3/8). Each configuration
+//       generates the first --count (16) lines' prompts of FILE.jsonl (capture's format, each
+//       line checked; default without --model-path: the demo's eval_prompts.jsonl) greedily,
+//       exactly --max-new-tokens (96, >= 2) tokens each, --batch (1) requests per
+//       SpecEngine::generate call, the target loaded once and the draft once per layer set. Per
+//       configuration: decode tokens/s (tokens after each request's first / seconds of the
+//       speculative steps, all prompts), speedup over plain decoding's, accept length and rate,
+//       per-position acceptance, efficiency = speedup / accept length, the time split, whether
+//       every output equals plain decoding's, and the advisor's (engine/advisor.hpp) predicted
+//       decode tokens/s from these runs at this batch size; its choice against the measured
+//       best (within 5%?). Prints a markdown table and an advisor line on stdout (stderr says
+//       "drafting does not pay at batch B" when the choice is plain decoding); --json FILE
+//       writes bench_json's object (tools/bench_plot.py plots it). --speculative-algorithm NONE
+//       and --tp-size > 1 are refused. An output that differs from plain decoding's is an error
+//       (exit 1, after the table and the JSON) on the CPU; on --device cuda it is reported
+//       (near-ties of the bf16 verify, see generate).
 //   specdec-kimi capture --model-path DIR --prompts FILE.jsonl --out FILE.safetensors
 //                        (--layers 0,1,2 | --speculative-draft-model-path DRAFTDIR)
 //                        --max-new-tokens N [--topk K] [--temperature T --seed S]
@@ -139,6 +164,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -154,6 +180,7 @@
 #include "specdec/dist/communicator.hpp"
 #include "specdec/dist/shard.hpp"
 #include "specdec/engine/advisor.hpp"
+#include "specdec/engine/bench_sweep.hpp"
 #include "specdec/engine/scheduler.hpp"
 #include "specdec/engine/self_check.hpp"
 #include "specdec/engine/spec_engine.hpp"
@@ -182,8 +209,13 @@ namespace {
 using specdec::Status;
 
 // The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults (core/dispatch.hpp)
-// and, for the tiny preset's 4 layers, EAGLE-3 over layers [0, 1, 2] (what `init-random --draft
-// eagle3 --layers 0,1,2` writes), plus EAGLE-1/2 and n-gram chains and trees (any target).
+// and, for the tiny preset's and the demo's 4 layers, EAGLE-3 over layers [0, 1, 2] (what
+// `init-random --draft eagle3 --layers 0,1,2` writes, and models/demo/draft) as chains of 1 to 4
+// steps and two trees (what bench and --speculative-config auto sweep), plus EAGLE-1/2 and n-gram
+// chains and trees (any target). Each bundle instantiates SpecEngine (and the server's
+// scheduler) once more in this file: with bench, chains 1, 2, 4 and tree 2x3/6 took its g++ -O3
+// compile from about 108 s to 120 s (median of 4-5 runs on a 2-core CI-like box, noisy +-10%)
+// and its peak memory from 1.93 to 2.49 GB (0.43 GB of it the four bundles); nvcc: 162 -> 187 s.
 using TinyLayers = specdec::Layers<0, 1, 2>;
 template <class Tree>
 using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
@@ -194,8 +226,10 @@ using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree,
 using ServedPolicies = specdec::PolicyList<
     specdec::KimiK25Eagle3Chain<specdec::Eager>, specdec::KimiK25Eagle3Top4<specdec::Eager>,
     specdec::KimiK25Eagle3Top8<specdec::Eager>, specdec::KimiK25NGramChain<specdec::Eager>,
-    specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<3>>,
-    TinyEagle3<specdec::TreeShape<4, 3, 8>>, EaglePolicy<specdec::Chain<3>>,
+    specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<1>>,
+    TinyEagle3<specdec::Chain<2>>, TinyEagle3<specdec::Chain<3>>, TinyEagle3<specdec::Chain<4>>,
+    TinyEagle3<specdec::TreeShape<2, 3, 6>>, TinyEagle3<specdec::TreeShape<4, 3, 8>>,
+    EaglePolicy<specdec::Chain<3>>,
     EaglePolicy<specdec::TreeShape<4, 3, 8>>, NGramPolicy<specdec::Chain<2>>,
     NGramPolicy<specdec::TreeShape<4, 2, 8>>>;
 
@@ -243,6 +277,13 @@ void usage(std::FILE* out) {
                "                            [--topk K] [--temperature T --seed S]\n"
                "                            [--device cpu|cuda] [--shard I/N] [--batch B]\n"
                "                            [--random-weights SEED]\n"
+               "       specdec-kimi bench [--model-path DIR] [--speculative-algorithm A]\n"
+               "                          [--speculative-draft-model-path DIR]\n"
+               "                          [--speculative-num-steps S --speculative-eagle-topk K\n"
+               "                           --speculative-num-draft-tokens N]\n"
+               "                          [--prompts FILE.jsonl] [--count N] [--max-new-tokens M]\n"
+               "                          [--batch B] [--device cpu|cuda] [--json FILE]\n"
+               "                          [generate's model and device flags]\n"
                "       specdec-kimi serve [--model-path DIR] [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
                "                          [--served-model-name NAME] [--max-running-requests N]\n"
@@ -267,7 +308,12 @@ void usage(std::FILE* out) {
                "topk_logprobs [T, K] (the next token's log-softmax, top K); --shard I/N takes\n"
                "the lines whose index % N == I.\n"
                "generate and serve without --model-path run the embedded demo (models/demo: a\n"
-               "small trained Kimi-architecture model) with its EAGLE-3 draft as a chain of 3.\n");
+               "small trained Kimi-architecture model) with its EAGLE-3 draft as a chain of 3.\n"
+               "bench: plain decoding, then every compiled tree of the algorithm (or the one of\n"
+               "the tree flags), each over the same --count prompts (default 16 of the demo's\n"
+               "eval_prompts.jsonl) x --max-new-tokens (96) tokens at --batch B (1): a markdown\n"
+               "table of decode tokens/s, speedup, acceptance and the advisor's predictions, the\n"
+               "advisor's choice against the measured best; --json FILE writes them.\n");
 }
 
 [[noreturn]] void fail_usage(std::string const& msg) {
@@ -471,7 +517,6 @@ int inspect(int argc, char** argv) {
   return 0;
 }
 
-#if defined(SPECDEC_HAVE_PCRE2)
 // The bytes of a file, as they are.
 Status read_file(std::string const& path, std::string* text) {
   std::ifstream in(path, std::ios::binary);
@@ -480,6 +525,8 @@ Status read_file(std::string const& path, std::string* text) {
   if (in.bad()) return Status::InvalidArgument(path + ": read error");
   return Status::Ok();
 }
+
+#if defined(SPECDEC_HAVE_PCRE2)
 
 // The ids of a tokenize --decode file: a JSON array of whole numbers, or whole numbers separated
 // by commas and / or whitespace (no empty entry between two commas, none after the last).
@@ -606,6 +653,7 @@ struct GenerateFlags {
   specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
   bool have_algorithm = false, have_steps = false, have_topk = false, have_nodes = false;
   bool auto_config = false;  // --speculative-config auto (generate): calibrate, then choose
+  bool sweep = false;        // bench without the tree flags: every compiled tree of the algorithm
   int tp_size = 1, nnodes = 1, node_rank = 0;
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
   std::string dist_init_addr;
@@ -959,7 +1007,8 @@ Status check_device(GenerateFlags const& g) {
           "--speculative-config auto runs at --tp-size 1 (the ranks would each measure, and "
           "must not choose differently)");
     }
-  } else if (g.spec.algorithm != "NONE" && !(g.have_steps && g.have_topk && g.have_nodes)) {
+  } else if (g.spec.algorithm != "NONE" && !g.sweep &&
+             !(g.have_steps && g.have_topk && g.have_nodes)) {
     // The tree shape is never guessed: every flag of it is given, so nothing is adjusted.
     return Status::InvalidArgument(
         "--speculative-algorithm " + g.spec.algorithm +
@@ -1010,9 +1059,10 @@ Status check_speculation(specdec::io::DeepseekV3Config const& target_config, Gen
         draft, kind, draft.layers, "--speculative-algorithm " + g.spec.algorithm));
     if (kind == specdec::DraftKind::kEagle3) g.spec.layers = draft.layers;
   }
-  if (g.auto_config) {
+  if (g.auto_config || g.sweep) {
     if (auto_candidates(g.spec).size() < 2) {
-      return Status::Unsupported("--speculative-config auto: no compiled " + g.spec.algorithm +
+      std::string const who = g.auto_config ? "--speculative-config auto" : "bench";
+      return Status::Unsupported(who + ": no compiled " + g.spec.algorithm +
                                  " configuration with layers " +
                                  specdec::format_layers(g.spec.layers) + "; compiled: " +
                                  specdec::describe_list<ServedPolicies>());
@@ -1070,9 +1120,10 @@ std::string find_demo_dir(char const* argv0) {
   return "";
 }
 
-// No --model-path: generate and serve run the embedded demo, with speculation on: its EAGLE-3
-// draft as a chain of 3 (steps 3, topk 1, 4 draft tokens) unless the flags name another
-// configuration (--speculative-algorithm NONE runs the target alone). Says so on stderr.
+// No --model-path: generate, serve and bench run the embedded demo, with speculation on: its
+// EAGLE-3 draft as a chain of 3 (steps 3, topk 1, 4 draft tokens; bench's sweep: every compiled
+// tree) unless the flags name another configuration (--speculative-algorithm NONE runs the target
+// alone). Says so on stderr.
 void use_embedded_demo(GenerateFlags& g, char const* argv0, std::string const& command) {
   if (g.random_weights) fail_usage(command + " --random-weights needs --model-path DIR");
   std::string const dir = find_demo_dir(argv0);
@@ -1084,7 +1135,7 @@ void use_embedded_demo(GenerateFlags& g, char const* argv0, std::string const& c
   if (!g.have_algorithm) g.spec.algorithm = "EAGLE3";
   if (g.spec.algorithm == "EAGLE3" && g.draft_path.empty()) {
     g.draft_path = dir + "/draft";
-    if (!g.have_steps && !g.have_topk && !g.have_nodes) {
+    if (!g.sweep && !g.have_steps && !g.have_topk && !g.have_nodes) {
       g.spec.num_steps = 3, g.spec.eagle_topk = 1, g.spec.num_draft_tokens = 4;
       g.have_steps = g.have_topk = g.have_nodes = true;
     }
@@ -1511,6 +1562,256 @@ int capture(int argc, char** argv) {
   return 0;
 }
 
+// The bench flags beyond the model, device and speculation ones GenerateFlags holds.
+struct BenchFlags {
+  std::string prompts;  // --prompts FILE.jsonl (the demo's eval_prompts.jsonl without a model)
+  std::string json;     // --json FILE
+  int count = 16;       // --count: the file's first N lines
+  int batch = 1;        // --batch: requests per generate call
+};
+
+// The first `count` lines of a prompts file, each checked as capture checks a line (a JSON object
+// with "input_ids", whole ids in the vocabulary, room for the new tokens; a bad one is an error
+// naming its number); a file of fewer lines is an error, never a smaller run.
+Status read_bench_prompts(std::string const& path, specdec::io::DeepseekV3Config const& config,
+                          int max_new_tokens, int count,
+                          std::vector<specdec::model::kimi::CapturePrompt>* prompts) {
+  std::string text;
+  SPECDEC_RETURN_IF_ERROR(read_file(path, &text).prefixed("--prompts "));
+  size_t end = 0;
+  int lines = 0;
+  while (lines < count && end < text.size()) {
+    size_t const newline = text.find('\n', end);
+    end = newline == std::string::npos ? text.size() : newline + 1;
+    ++lines;
+  }
+  if (lines < count) {
+    return Status::InvalidArgument("--count " + std::to_string(count) + ": --prompts " + path +
+                                   " holds " + std::to_string(lines) + " line" +
+                                   (lines == 1 ? "" : "s") + " (one prompt a line)");
+  }
+  return specdec::model::kimi::parse_capture_prompts(std::string_view(text).substr(0, end), path,
+                                                     config, max_new_tokens, {}, prompts);
+}
+
+// One configuration of bench: SpecEngine<P, Exec> (start_engine: the draft held across the
+// configurations, the self-check its warm-up) generates every prompt greedily, exactly
+// --max-new-tokens tokens each, `batch` requests per generate call (the last call takes what is
+// left); *run gets the merged metrics, the calls' wall time and the outputs. On CUDA one untimed
+// call over the first batch goes first, so that the timed calls do not capture its graphs.
+template <class P, class Exec>
+Status bench_config(GenerateFlags const& g, LoadedCheckpoint const& m,
+                    typename specdec::engine::SpecEngine<P, Exec>::TargetModel* target,
+                    std::span<specdec::model::kimi::CapturePrompt const> prompts, int batch,
+                    HeldDraft<Exec>* draft, specdec::engine::BenchRun* run) {
+  namespace se = specdec::engine;
+  using Engine = se::SpecEngine<P, Exec>;
+  EngineExecutor<Exec> exec;
+  SPECDEC_RETURN_IF_ERROR(exec.create());
+  Engine engine;
+  SPECDEC_RETURN_IF_ERROR((start_engine<P, Exec>(g, m, target, true, draft, exec.exec, &engine)));
+  std::vector<se::GenerationRequest> requests;
+  auto batch_from = [&](size_t first) {
+    size_t const n = std::min(static_cast<size_t>(batch), prompts.size() - first);
+    requests.assign(n, se::GenerationRequest{});
+    for (size_t i = 0; i < n; ++i) {
+      requests[i].prompt = prompts[first + i].ids;
+      requests[i].max_new_tokens = g.o.max_new_tokens;
+      requests[i].stop_at_eos = false;  // temperature 0: greedy
+    }
+  };
+  std::vector<se::GenerationResult> out;
+  se::SpecMetrics metrics;
+#if defined(__CUDACC__)
+  if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
+    batch_from(0);
+    SPECDEC_RETURN_IF_ERROR(engine.generate(requests, &out, &metrics));
+  }
+#endif
+  *run = se::BenchRun{};
+  run->config = g.spec;
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch)) {
+    batch_from(first);
+    auto const t0 = std::chrono::steady_clock::now();
+    SPECDEC_RETURN_IF_ERROR(engine.generate(requests, &out, &metrics));
+    run->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run->metrics.merge(metrics);
+    for (se::GenerationResult& r : out) {
+      int64_t const n = static_cast<int64_t>(r.output_ids.size());
+      run->output_tokens += n;
+      run->decode_tokens += std::max<int64_t>(n - 1, 0);
+      run->outputs.push_back(std::move(r.output_ids));
+    }
+  }
+  return Status::Ok();
+}
+
+// Every configuration of bench on one target (--tp-size 1), in order, each a BenchRun.
+template <class Exec>
+Status bench_on(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
+                std::vector<specdec::SpecConfig> const& configs,
+                std::span<specdec::model::kimi::CapturePrompt const> prompts, int batch,
+                std::vector<specdec::engine::BenchRun>* runs) {
+  HeldDraft<Exec> draft;  // loaded once for the configurations' (one) layer set
+  for (specdec::SpecConfig const& c : configs) {
+    GenerateFlags gc = g;
+    gc.spec = c;
+    if (c.algorithm == "NONE") gc.draft_path.clear();  // (its configuration line names none)
+    specdec::engine::BenchRun run;
+    SPECDEC_RETURN_IF_ERROR(specdec::dispatch<ServedPolicies>(c, [&]<class P>() -> Status {
+      return bench_config<P, Exec>(gc, m, target, prompts, batch, &draft, &run);
+    }));
+    specdec::engine::SpecMetrics const& r = run.metrics;
+    double const steps_s = r.draft_s + r.build_s + r.verify_s + r.commit_s + r.extend_s;
+    std::fprintf(stderr,
+                 "specdec-kimi: bench: %s: %lld tokens in %.3f s, decode %.1f tokens/s, accept "
+                 "length %.3f\n",
+                 specdec::engine::bench_name(c).c_str(), static_cast<long long>(run.output_tokens),
+                 run.seconds, steps_s > 0 ? static_cast<double>(run.decode_tokens) / steps_s : 0.0,
+                 r.accept_length());
+    runs->push_back(std::move(run));
+  }
+  return Status::Ok();
+}
+
+int bench(int argc, char** argv) {
+  GenerateFlags g;
+  BenchFlags bf;
+  g.o.max_new_tokens = 96;
+  g.o.stop_at_eos = false;  // every request generates exactly --max-new-tokens
+  for (Flags f(argc, argv); f.next();) {
+    if (common_flag(f, g)) continue;
+    if (f.is("--prompts")) bf.prompts = f.value();
+    else if (f.is("--count")) bf.count = f.number<int>();
+    else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>();
+    else if (f.is("--batch")) bf.batch = f.number<int>();
+    else if (f.is("--json")) bf.json = f.value();
+    else f.unknown();
+  }
+  int const tree_flags = int{g.have_steps} + int{g.have_topk} + int{g.have_nodes};
+  if (tree_flags == 1 || tree_flags == 2) {
+    fail_usage("bench takes all three of --speculative-num-steps, --speculative-eagle-topk and "
+               "--speculative-num-draft-tokens (that configuration against plain decoding) or "
+               "none (every compiled tree of the algorithm)");
+  }
+  g.sweep = tree_flags == 0;
+  if (g.path.empty()) {
+    use_embedded_demo(g, argv[0], "bench");
+    if (bf.prompts.empty()) {
+      bf.prompts = (std::filesystem::path(g.path).parent_path() / "eval_prompts.jsonl").string();
+    }
+  }
+  if (bf.prompts.empty()) {
+    fail_usage("bench --model-path needs --prompts FILE.jsonl (one {\"input_ids\": [...]} a line)");
+  }
+  if (bf.count < 1 || bf.batch < 1 || g.o.max_new_tokens < 2) {
+    fail_usage("--count and --batch must be >= 1 and --max-new-tokens >= 2 (a speculative step "
+               "to time)");
+  }
+  if (bf.batch > bf.count) {
+    fail_usage("--batch " + std::to_string(bf.batch) + " > --count " + std::to_string(bf.count) +
+               ": a batch of B requests needs B prompts");
+  }
+  check_common_flags(g);
+  if (!bf.json.empty()) {  // before the run, which takes a while
+    std::filesystem::path const dir = std::filesystem::path(bf.json).parent_path();
+    std::error_code no_dir;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, no_dir)) {
+      return finish(Status::InvalidArgument("--json " + bf.json + ": no directory " +
+                                            dir.string()));
+    }
+  }
+  if (g.spec.algorithm == "NONE") {
+    return finish(Status::InvalidArgument(
+        "bench measures speculation against plain decoding: with --speculative-algorithm NONE "
+        "alone there is nothing to compare (name EAGLE3, EAGLE or NGRAM)"));
+  }
+  if (g.tp_size != 1) {
+    return finish(Status::InvalidArgument(
+        "bench runs at --tp-size 1 (it compares configurations on one target; --tp-size " +
+        std::to_string(g.tp_size) + " is generate's and serve's)"));
+  }
+  Status s = check_device(g);
+  if (!s.ok()) return finish(s);
+  specdec::io::DeepseekV3Config target_config;
+  s = specdec::io::load_config(g.path, &target_config);
+  if (!s.ok()) return finish(s);
+  specdec::DraftKind kind{};
+  s = check_speculation(target_config, &g, &kind);
+  if (!s.ok()) return finish(s);
+  std::vector<specdec::model::kimi::CapturePrompt> prompts;
+  s = read_bench_prompts(bf.prompts, target_config, g.o.max_new_tokens, bf.count, &prompts);
+  if (!s.ok()) return finish(s);
+  // Plain decoding first (the baseline), then the sweep (by topk, steps, draft tokens) or the one
+  // configuration of the flags.
+  std::vector<specdec::SpecConfig> configs = auto_candidates(g.spec);
+  if (!g.sweep) configs = {configs.front(), g.spec};
+  std::stable_sort(configs.begin() + 1, configs.end(), [](auto const& a, auto const& b) {
+    return std::tie(a.eagle_topk, a.num_steps, a.num_draft_tokens) <
+           std::tie(b.eagle_topk, b.num_steps, b.num_draft_tokens);
+  });
+  LoadedCheckpoint m;
+  s = load_target(g, &m);
+  if (!s.ok()) return finish(s);
+  std::vector<specdec::engine::BenchRun> runs;
+  s = for_each_rank(g, m, shard_of(g, kind), [&]<class Exec>(int, auto* target) -> Status {
+    return bench_on<Exec>(g, m, target, configs, prompts, bf.batch, &runs);
+  });
+  if (!s.ok()) return finish(s);
+  specdec::engine::BenchSetup setup;
+  setup.model_path = g.path;
+  setup.draft_path = g.draft_path;
+  setup.prompts_file = bf.prompts;
+  setup.device = g.device;
+  setup.batch = bf.batch;
+  setup.prompts = bf.count;
+  setup.max_new_tokens = g.o.max_new_tokens;
+  specdec::engine::BenchReport report;
+  s = specdec::engine::summarize_bench(setup, runs, &report);
+  if (!s.ok()) return finish(s);
+  auto const& choice = report.rows[static_cast<size_t>(report.choice)];
+  auto const& best = report.rows[static_cast<size_t>(report.measured_best)];
+  if (report.speculating) {
+    std::fprintf(stderr, "specdec-kimi: advisor at batch %d: %s\n", bf.batch,
+                 report.summary.c_str());
+  } else {
+    std::fprintf(stderr, "specdec-kimi: drafting does not pay at batch %d: %s\n", bf.batch,
+                 report.summary.c_str());
+  }
+  std::printf("%s\nadvisor at batch %d: %s (predicted %.1f, measured %.1f decode tokens/s%s); "
+              "measured best: %s (%.1f); the choice measured %.3f of the best (%s 5%%)\n",
+              specdec::engine::bench_table(report).c_str(), bf.batch, choice.name.c_str(),
+              choice.predicted_decode_tokens_per_s, choice.decode_tokens_per_s,
+              report.speculating ? "" : ": drafting does not pay", best.name.c_str(),
+              best.decode_tokens_per_s, report.choice_vs_best,
+              report.choice_within_5_percent ? "within" : "not within");
+  if (!bf.json.empty()) {
+    std::ofstream out(bf.json, std::ios::binary | std::ios::trunc);
+    out << specdec::engine::bench_json(report).dump(2) << "\n";
+    out.close();
+    if (!out) return finish(Status::InvalidArgument("--json " + bf.json + ": cannot write"));
+  }
+  // Greedy speculation is lossless: token for token on the CPU; on CUDA a near-tie may round
+  // differently in a verify of N rows (spec_engine.hpp), so a difference is reported, not failed.
+  std::string differing;
+  for (specdec::engine::BenchRow const& row : report.rows) {
+    if (row.prompts_differing == 0) continue;
+    differing += (differing.empty() ? "" : ", ") + row.name + " on " +
+                 std::to_string(row.prompts_differing) + " of " + std::to_string(bf.count) +
+                 " prompts";
+  }
+  if (differing.empty()) return 0;
+  if (g.device == "cuda") {
+    std::fprintf(stderr,
+                 "specdec-kimi: bench: output differs from plain decoding (%s): near-ties of the "
+                 "bf16 verify forward, see same_tokens_as_plain\n",
+                 differing.c_str());
+    return 0;
+  }
+  return finish(Status::Internal("greedy speculation must equal plain decoding token for token "
+                                 "on the CPU; it differs: " + differing));
+}
+
 // The serve flags beyond generate's shared ones.
 struct ServeFlags {
   int max_running = 16;                // --max-running-requests
@@ -1728,8 +2029,8 @@ int dequantize(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fail_usage(
-        "missing command (init-random, inspect, generate, capture, serve, tokenize, dequantize)");
+    fail_usage("missing command (init-random, inspect, generate, capture, bench, serve, tokenize, "
+               "dequantize)");
   }
   std::string const cmd = argv[1];
   if (cmd == "--help" || cmd == "-h") {
@@ -1742,6 +2043,7 @@ int main(int argc, char** argv) {
     if (cmd == "dequantize") return dequantize(argc, argv);
     if (cmd == "generate") return generate(argc, argv);
     if (cmd == "capture") return capture(argc, argv);
+    if (cmd == "bench") return bench(argc, argv);
     if (cmd == "serve") return serve(argc, argv);
     if (cmd == "tokenize") return tokenize(argc, argv);
   } catch (std::exception const& e) {
@@ -1749,5 +2051,5 @@ int main(int argc, char** argv) {
     return 1;
   }
   fail_usage("unknown command '" + cmd +
-             "' (init-random, inspect, generate, capture, serve, tokenize, dequantize)");
+             "' (init-random, inspect, generate, capture, bench, serve, tokenize, dequantize)");
 }
