@@ -1,6 +1,7 @@
 // Test support: the tiny random Kimi / DeepseekV3 checkpoint written to a folder and loaded back
 // (config, safetensors, weights), as `specdec-kimi init-random --preset tiny` writes it (1 shard),
-// or any checkpoint folder loaded (load_kimi_dir),
+// or any checkpoint folder loaded (load_kimi_dir), the tiny preset as the CPU executor's model
+// (load_tiny_kimi_cpu),
 // and what the forward tests share (MaxDiff, random_tokens, Tree).
 // doctest REQUIREs stop the calling test on any failure.
 #pragma once
@@ -20,6 +21,7 @@
 
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/safetensors.hpp"
+#include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/weights.hpp"
 #include "specdec/ops/tree_build/tree_build.hpp"
@@ -57,6 +59,17 @@ inline void load_tiny_kimi(std::filesystem::path const& dir, bool int4, uint64_t
     std::ofstream(cfg) << j.dump(2);
   }
   load_kimi_dir(dir, m);
+}
+
+// The tiny preset (bf16, `seed`) written into `dir`, loaded, and as the CPU executor's model.
+struct TinyKimiCpu {
+  TinyKimi tiny;
+  model::kimi::KimiCpuModel model;
+};
+inline void load_tiny_kimi_cpu(std::filesystem::path const& dir, uint64_t seed, TinyKimiCpu* m) {
+  load_tiny_kimi(dir, /*int4=*/false, seed, &m->tiny);
+  Status const s = model::kimi::load_kimi_cpu_model(m->tiny.weights, m->tiny.config, &m->model);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
 }
 
 // Largest |got - want| and |want| over the values compared (forward comparisons).

@@ -28,19 +28,12 @@ using specdec::CpuExecutor;
 using specdec::Status;
 using specdec::StatusCode;
 using specdec::testing::check_error;
-using specdec::testing::load_tiny_kimi;
 using specdec::testing::TempDir;
-using specdec::testing::TinyKimi;
 
-struct Loaded {
-  TinyKimi tiny;
-  kimi::KimiCpuModel model;
-};
+using Loaded = specdec::testing::TinyKimiCpu;
 
 void load(TempDir const& tmp, Loaded* m) {
-  load_tiny_kimi(tmp.path / "ckpt", false, 3, &m->tiny);
-  Status const s = kimi::load_kimi_cpu_model(m->tiny.weights, m->tiny.config, &m->model);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  specdec::testing::load_tiny_kimi_cpu(tmp.path / "ckpt", 3, m);
 }
 
 kimi::CaptureRows start(Loaded const& m, std::vector<int> const& layers, int topk) {

@@ -24,19 +24,12 @@ namespace {
 namespace kimi = specdec::model::kimi;
 using specdec::CpuExecutor;
 using specdec::Status;
-using specdec::testing::load_tiny_kimi;
 using specdec::testing::TempDir;
-using specdec::testing::TinyKimi;
 
-struct Loaded {
-  TinyKimi tiny;
-  kimi::KimiCpuModel model;
-};
+using Loaded = specdec::testing::TinyKimiCpu;
 
 void load(TempDir const& tmp, uint64_t seed, Loaded* m) {
-  load_tiny_kimi(tmp.path / "ckpt", false, seed, &m->tiny);
-  Status const s = kimi::load_kimi_cpu_model(m->tiny.weights, m->tiny.config, &m->model);
-  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  specdec::testing::load_tiny_kimi_cpu(tmp.path / "ckpt", seed, m);
 }
 
 kimi::GenerateResult run(Loaded const& m, std::vector<int32_t> const& prompt,
