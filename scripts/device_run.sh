@@ -30,7 +30,8 @@
 # (scripts/verify_split.py: the accept length from which the chain pays on this model).
 # demo (not in all): tools/demo/eval_accept.py on the embedded demo (models/demo) with --device
 # cuda: 16 held-out prompts (models/demo/eval_prompts.jsonl), plain and EAGLE-3 chain 3, greedy;
-# same tokens required; accept length and both decode rates -> $OUT/demo_eval_cuda.json.
+# same tokens required; accept length and both decode rates -> $OUT/demo_eval_cuda.json; then
+# specdec-kimi bench --device cuda at batch 1 and 4 -> $OUT/demo_bench_cuda_b{1,4}.{json,png}.
 # kimi, kimi1gpu, step and demo alone (in any mix) build only their binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +135,18 @@ if wants demo; then
   else
     { echo "--- demo FAILED"; tail -20 "$logs/demo.log"; } >> "$summary"; status=1
   fi
+  # The sweep (specdec-kimi bench) at batch 1 and 4 on the GPU, with its plots.
+  for batch in 1 4; do
+    if timeout 300 $build/examples/specdec-kimi bench --device cuda --batch $batch \
+         --json "$OUT/demo_bench_cuda_b$batch.json" > "$logs/demo_bench_b$batch.md" 2>&1; then
+      { echo "--- demo bench (cuda, batch $batch)"; cat "$logs/demo_bench_b$batch.md"; } >> "$summary"
+      python3 tools/bench_plot.py "$OUT/demo_bench_cuda_b$batch.json" \
+        --out "$OUT/demo_bench_cuda_b$batch.png" >> "$summary" 2>&1
+    else
+      { echo "--- demo bench (batch $batch) FAILED"; tail -20 "$logs/demo_bench_b$batch.md"; } \
+        >> "$summary"; status=1
+    fi
+  done
 fi
 if wants step; then
   if timeout "${SPECDEC_STEP_SECONDS:-400}" $build/benchmarks/specdec_bench_kimi_step \

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/cuda_graph.cuh"
 #include "specdec/core/dtype.hpp"
 #include "specdec/model/eagle/forward_cpu.hpp"
 #include "specdec/model/eagle/forward_cuda.cuh"
@@ -270,6 +271,25 @@ std::vector<float> rows_of(std::vector<float> const& v, int64_t first, int64_t c
   return {v.begin() + first * width, v.begin() + (first + count) * width};
 }
 
+// The extend of two requests: request 10's 6 tokens -> 5 entries (entry i = token t_{i+1} with
+// the features of t_i), then request 20's 4 tokens -> 3 entries; request 10's features [6, F].
+struct TwoPrefixes {
+  std::vector<int32_t> tokens;
+  std::vector<float> features, features_a;
+};
+TwoPrefixes two_prefixes(Setup const& s, Rng& rng, std::vector<int> const& layers) {
+  std::vector<int32_t> const ta = random_tokens(rng, 6, 512), tb = random_tokens(rng, 4, 512);
+  TwoPrefixes p;
+  p.features_a = s.features(ta, layers);
+  std::vector<float> const fb = s.features(tb, layers);
+  int64_t const F = static_cast<int64_t>(p.features_a.size()) / 6;
+  p.tokens.assign(ta.begin() + 1, ta.end());
+  p.tokens.insert(p.tokens.end(), tb.begin() + 1, tb.end());
+  p.features.assign(p.features_a.begin(), p.features_a.begin() + 5 * F);
+  p.features.insert(p.features.end(), fb.begin(), fb.begin() + 3 * F);
+  return p;
+}
+
 // The CUDA executor against the CPU executor through unit.eagle_draft's extend / step sequence.
 void check_against_cpu(DraftKind kind) {
   g_worst = 0.0;
@@ -285,15 +305,9 @@ void check_against_cpu(DraftKind kind) {
   Stream st;
   int64_t const H = cm.hidden(), F = cm.feature_width(), Vd = cm.draft_vocab();
   Rng rng(42);
-  // Request 10: 6 tokens -> 5 entries (entry i = token t_{i+1} with the features of t_i);
-  // request 20: 4 tokens -> 3 entries.
-  std::vector<int32_t> const ta = random_tokens(rng, 6, 512), tb = random_tokens(rng, 4, 512);
-  std::vector<float> const fa = s.features(ta, cm.feature_layers),
-                           fb = s.features(tb, cm.feature_layers);
-  std::vector<int32_t> tokens(ta.begin() + 1, ta.end());
-  tokens.insert(tokens.end(), tb.begin() + 1, tb.end());
-  std::vector<float> features(fa.begin(), fa.begin() + 5 * F);
-  features.insert(features.end(), fb.begin(), fb.begin() + 3 * F);
+  TwoPrefixes const pre = two_prefixes(s, rng, cm.feature_layers);
+  std::vector<int32_t> const& tokens = pre.tokens;
+  std::vector<float> const &features = pre.features, &fa = pre.features_a;
   std::vector<eagle::RequestId> const ids{10, 20};
   std::vector<int32_t> const counts{5, 3};
   eagle::DraftCache cc = cpu_cache(cm, ids);
@@ -621,6 +635,167 @@ TEST_CASE("eagle_draft_cuda: tree attention: each branch sees only its own ances
       CHECK_MESSAGE(d > kMoved, "node ", n, " (under node 1) moved only ", d,
                     ": does it see its ancestor?");
     }
+  }
+}
+
+// draft_tree_step against its oracle, draft_step with the host's tree: for random branch choices
+// (next_branch, as draft_expand would write them) and tokens over 3 steps of K = 2 branches,
+// the same metadata, so the same kernels give the same hidden and logits bit for bit; then the
+// same steps captured as one CUDA graph and replayed with other choices written into the same
+// device inputs give the oracle's outputs for those choices.
+TEST_CASE("eagle_draft_cuda: draft_tree_step keeps draft_step's tree on the device, captured too") {
+  for (DraftKind kind : {DraftKind::kEagle3, DraftKind::kEagle}) {
+    Setup s(kind);
+    eagle::DraftCudaModel gm = s.cuda();
+    CAPTURE(std::string(gm.config.kind_name()));
+    Stream st;
+    int64_t const H = gm.hidden(), Vd = gm.draft_vocab();
+    int const K = 2, S = 4, B = 2;  // steps 1..3 after step 0 (the extend's logits)
+    Rng rng(17);
+    TwoPrefixes const pre = two_prefixes(s, rng, gm.feature_layers);
+    // Request 20 first so that its slot (0) differs from its batch row (1).
+    std::vector<eagle::RequestId> const ids{10, 20}, add_order{20, 10};
+    std::vector<int32_t> const counts{5, 3};
+    DeviceBuffer<int32_t> const dt = dev(pre.tokens);
+    DeviceBuffer<float> const df = dev(pre.features);
+    // A cache extended with the prefix; its last rows by slot [3, H] (the engine's hidden_last).
+    auto extended = [&](eagle::DraftCudaCache* c, DeviceBuffer<float>* by_slot) {
+      *c = cuda_cache(gm, add_order, /*max_requests=*/3, /*max_length=*/16, /*max_scratch=*/8);
+      DeviceBuffer<float> dh = poisoned<float>(B * H), dl = poisoned<float>(B * Vd);
+      Status const r =
+          eagle::draft_extend(st.exec(), gm, c, ids, counts, in(dt), in(df), out(dh), out(dl));
+      REQUIRE_MESSAGE(r.ok(), r.to_string());
+      std::vector<float> const h = host(dh, st);
+      std::vector<float> rows(3 * H, 0.0f);
+      for (int b = 0; b < B; ++b) {
+        int const slot = c->find(ids[b])->slot;
+        std::copy(h.begin() + b * H, h.begin() + (b + 1) * H, rows.begin() + slot * H);
+      }
+      *by_slot = dev(rows);
+      return h;
+    };
+    struct Choices {
+      std::vector<std::vector<int32_t>> next_branch, tokens;  // [step][B * K]
+    };
+    auto choose = [&]() {
+      Choices c;
+      for (int step = 1; step < S; ++step) {
+        std::vector<int32_t> nb(B * K);
+        for (int32_t& x : nb) x = step == 1 ? 0 : int32_t(rng() % K);
+        c.next_branch.push_back(nb);
+        c.tokens.push_back(random_tokens(rng, B * K, 512));
+      }
+      return c;
+    };
+    using Outputs = std::vector<std::vector<float>>;  // [step - 1]: hidden, then logits
+    // The oracle: draft_step with parent_scratch and parent hidden from the choices, on the host.
+    auto oracle = [&](Choices const& c, Outputs* hidden, Outputs* logits) {
+      eagle::DraftCudaCache cache;
+      DeviceBuffer<float> unused;
+      std::vector<float> const h0 = extended(&cache, &unused);
+      std::vector<float> prev;
+      for (int step = 1; step < S; ++step) {
+        std::vector<int32_t> parent(B * K);
+        std::vector<float> ph;
+        for (int r = 0; r < B * K; ++r) {
+          int const b = r / K, nb = c.next_branch[step - 1][r];
+          parent[r] = step == 1 ? -1 : (step - 2) * K + nb;
+          std::vector<float> const row =
+              step == 1 ? rows_of(h0, b, 1, H) : rows_of(prev, b * K + nb, 1, H);
+          ph.insert(ph.end(), row.begin(), row.end());
+        }
+        DeviceBuffer<int32_t> const dtok = dev(c.tokens[step - 1]);
+        DeviceBuffer<float> const dph = dev(ph);
+        DeviceBuffer<float> dsh = poisoned<float>(B * K * H), dsl = poisoned<float>(B * K * Vd);
+        std::vector<int32_t> index;
+        Status const r = eagle::draft_step(st.exec(), gm, &cache, ids, K, in(dtok), in(dph),
+                                           parent, out(dsh), out(dsl), &index);
+        REQUIRE_MESSAGE(r.ok(), r.to_string());
+        prev = host(dsh, st);
+        hidden->push_back(prev);
+        logits->push_back(host(dsl, st));
+      }
+    };
+    // draft_tree_step over device inputs (rewritten before each run, at fixed addresses).
+    eagle::DraftCudaCache cache;
+    DeviceBuffer<float> by_slot;
+    extended(&cache, &by_slot);
+    std::vector<int32_t> meta_host(2 * B);
+    for (int b = 0; b < B; ++b) {
+      meta_host[b] = cache.find(ids[b])->slot;
+      meta_host[B + b] = int32_t(cache.find(ids[b])->length);
+    }
+    DeviceBuffer<int32_t> const meta = dev(meta_host);
+    DeviceBuffer<int32_t> d_branch = poisoned<int32_t>((S - 1) * B * K),
+                          d_tokens = poisoned<int32_t>((S - 1) * B * K);
+    DeviceBuffer<float> parent_hidden = poisoned<float>(B * K * H);
+    std::vector<DeviceBuffer<float>> d_hidden, d_logits;
+    for (int step = 1; step < S; ++step) {
+      d_hidden.push_back(poisoned<float>(B * K * H));
+      d_logits.push_back(poisoned<float>(B * K * Vd));
+    }
+    auto upload = [&](Choices const& c) {
+      std::vector<int32_t> nb, tok;
+      for (int step = 1; step < S; ++step) {
+        nb.insert(nb.end(), c.next_branch[step - 1].begin(), c.next_branch[step - 1].end());
+        tok.insert(tok.end(), c.tokens[step - 1].begin(), c.tokens[step - 1].end());
+      }
+      REQUIRE(cudaMemcpy(d_branch.data(), nb.data(), nb.size() * 4, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+      REQUIRE(cudaMemcpy(d_tokens.data(), tok.data(), tok.size() * 4, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+    };
+    auto enqueue = [&]() -> Status {
+      for (int step = 1; step < S; ++step) {
+        eagle::DraftTreeStep t;
+        t.step = step;
+        t.branches = K;
+        t.slots = meta.data();
+        t.lengths = meta.data() + B;
+        t.next_branch = d_branch.data() + (step - 1) * B * K;
+        t.tokens = d_tokens.data() + (step - 1) * B * K;
+        t.source_hidden = step == 1 ? by_slot.data() : d_hidden[step - 2].data();
+        t.parent_hidden = parent_hidden.data();
+        t.hidden = d_hidden[step - 1].data();
+        t.logits = d_logits[step - 1].data();
+        SPECDEC_RETURN_IF_ERROR(eagle::draft_tree_step(st.exec(), gm, &cache, ids, t));
+      }
+      return Status::Ok();
+    };
+    auto compare = [&](Choices const& c, char const* how) {
+      Outputs want_h, want_l;
+      oracle(c, &want_h, &want_l);
+      for (int step = 1; step < S; ++step) {
+        CAPTURE(step);
+        CHECK_MESSAGE(rel(host(d_hidden[step - 1], st), want_h[step - 1]) == 0.0, how, " hidden");
+        CHECK_MESSAGE(rel(host(d_logits[step - 1], st), want_l[step - 1]) == 0.0, how, " logits");
+      }
+    };
+    int64_t const host_scratch = scratch_of(cache, 10);
+    Choices const a = choose(), b = choose();
+    upload(a);
+    Status r = enqueue();
+    REQUIRE_MESSAGE(r.ok(), r.to_string());
+    compare(a, "eager");
+    CHECK(scratch_of(cache, 10) == host_scratch);  // the host's tree is not touched
+    specdec::GraphCache<int> graphs;
+    graphs.set_capacity(1);
+    upload(b);
+    r = graphs.run(0, st.s, enqueue);  // captures, then launches
+    REQUIRE_MESSAGE(r.ok(), r.to_string());
+    compare(b, "captured");
+    upload(a);
+    r = graphs.run(0, st.s, enqueue);
+    REQUIRE_MESSAGE(r.ok(), r.to_string());
+    CHECK(graphs.replays() == 1);
+    compare(a, "replayed");
+
+    // The host's checks name the problem.
+    eagle::DraftTreeStep t;
+    t.step = 5;
+    t.branches = K;
+    check_error(eagle::draft_tree_step(st.exec(), gm, &cache, ids, t), StatusCode::kInvalidArgument,
+                {"draft_tree_step (cuda)", "5 steps x 2 branches exceed", "max_scratch"});
   }
 }
 

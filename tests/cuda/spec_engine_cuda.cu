@@ -168,9 +168,10 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
   check_lossless<EG<TreeShape<4, 3, 16>>>(requests, want);
 }
 
-// The engine on a stream of its own, the target's decode / verify forwards replayed from CUDA
-// graphs (KimiCudaModel::graphs) against the same engine launching them eagerly: the same tokens
-// and the same acceptance, exactly (captured and eager forwards give the same bits).
+// The engine on a stream of its own, the target's decode / verify forwards and the draft's
+// proposals replayed from CUDA graphs (KimiCudaModel::graphs, DraftCudaModel::proposal_graphs)
+// against the same engine launching them eagerly: the same tokens and the same acceptance,
+// exactly (captured and eager forwards give the same bits).
 template <class P>
 void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   CAPTURE(describe<P>());
@@ -181,6 +182,8 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   SpecMetrics totals[2];
   for (int graphed = 0; graphed < 2; ++graphed) {
     models().gpu.graphs.set_capacity(graphed ? 16 : 0);
+    draft->proposal_graphs = graphed ? 16 : 0;
+    int64_t const proposal_replays = draft->proposal_replays;
     SpecEngine<P, CudaExecutor> e;
     Status s = SpecEngine<P, CudaExecutor>::create(
         &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e,
@@ -190,8 +193,11 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
     s = e.generate(requests, &results[graphed], &totals[graphed]);
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     if (graphed) CHECK(models().gpu.graphs.replays() > replays);
+    bool const proposes = SpecEngine<P, CudaExecutor>::kDraftsWithModel && graphed;
+    CHECK((draft->proposal_replays > proposal_replays) == proposes);
   }
   models().gpu.graphs.set_capacity(0);
+  draft->proposal_graphs = 0;
   REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
   for (size_t r = 0; r < requests.size(); ++r) {
     CAPTURE(r);
@@ -201,10 +207,12 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   CHECK(totals[1].accept_length() == totals[0].accept_length());
 }
 
-TEST_CASE("engine (cuda): target forwards replayed from CUDA graphs give the eager output") {
+TEST_CASE("engine (cuda): forwards and proposals replayed from CUDA graphs give the eager output") {
   auto const requests = mixed_requests();
   check_graphs_equal_eager<Plain>(requests);
   check_graphs_equal_eager<E3<TreeShape<4, 3, 16>>>(requests);
+  check_graphs_equal_eager<E3<TreeShape<1, 5, 6>>>(requests);
+  check_graphs_equal_eager<EG<TreeShape<2, 3, 6>>>(requests);
 }
 
 // Requests admitted one per step into a SpecEngine::Session of `max_running` slots, prefilled

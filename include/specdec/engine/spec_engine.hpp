@@ -57,11 +57,12 @@
 //                                kv_commit kernels on the device logits and cache, and the EAGLE
 //                                draft on the device (DraftCudaModel, model/eagle/forward_cuda.cuh:
 //                                extend on the target's aux rows gathered on the device, steps,
-//                                draft_expand / draft_finalize's CUDA kernels); the host reads
-//                                back each draft step's next_branch [B, K] (the draft's scratch
-//                                tree is host metadata), the proposal's tokens / parents [B, N]
-//                                and each step's acceptance; n-gram lookup and tree_build run on
-//                                the host. draft_device_errors is read once per proposal.
+//                                draft_expand / draft_finalize's CUDA kernels, the proposal's
+//                                tree on the device, so that the whole proposal is one CUDA
+//                                graph per batch size: DraftCudaModel::proposal_graphs); the
+//                                host reads back the proposal's tokens / parents [B, N] and each
+//                                step's acceptance; n-gram lookup and tree_build run on the
+//                                host. draft_device_errors is read once per proposal.
 // Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
 // of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
 // and its own copy of the draft. The forward's all-reduces leave every rank the same residual
@@ -102,6 +103,7 @@
 
 #if defined(__CUDACC__)
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/cuda_graph.cuh"
 #include "specdec/engine/target_cuda.cuh"
 #include "specdec/model/eagle/forward_cuda.cuh"
 #endif
@@ -250,12 +252,13 @@ struct DraftFor<CpuExecutor> {
 // verify's, propose together), and the proposal's buffers, sized once for R requests.
 //   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device): the
 //       draft extend into [B, H] / [B, Vd] rows, scattered to the requests' slots
-//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): the batch's logits rows
-//       gathered, draft_expand at step 0; for each later step the host reads next_branch [B, K]
-//       back (the draft's parent_scratch is a host array), gathers the parents' hidden rows on
-//       the device and runs draft_step on the K frontier tokens (device); draft_finalize on the
-//       device, then tokens / parents / status [B, N] / [B] to the host, and
-//       draft_device_errors (the one check of the tokens the draft read since the last proposal).
+//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): the batch's slots, lengths
+//       and roots uploaded; the proposal (enqueue_proposal: draft_expand at step 0, then per
+//       step draft_tree_step, whose tree lives on the device, and draft_expand; draft_finalize)
+//       queued, or replayed from the CUDA graph captured for batch size B (model.
+//       proposal_graphs of them); then tokens / parents / status [B, N] / [B] to the host, and
+//       draft_device_errors (the one check of the tokens the draft read since the last
+//       proposal): one host wait per proposal.
 class CudaDraftRun {
  public:
   using Model = model::eagle::DraftCudaModel;
@@ -293,6 +296,11 @@ class CudaDraftRun {
     for (auto* b : {&out_tokens_, &out_parents_, &node_slot_})
       SPECDEC_RETURN_IF_ERROR(b->reserve(RN));
     SPECDEC_RETURN_IF_ERROR(status_.reserve(r));
+    SPECDEC_RETURN_IF_ERROR(inputs_.reserve(3 * r));
+    SPECDEC_RETURN_IF_ERROR(from_.reserve(r));
+    // The buffers may have moved: no earlier graph is valid.
+    graphs_.clear();
+    graphs_.set_capacity(model->proposal_graphs);
     // draft_expand's workspace, zeroed once (its launches leave it zeroed).
     has_last_.assign(r, false);
     workspace_bytes_ = ops::draft_expand_workspace_bytes(R, static_cast<int>(Vd), K);
@@ -336,88 +344,35 @@ class CudaDraftRun {
 
   Status propose(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
                  std::vector<int32_t>* tokens, std::vector<int32_t>* parents) {
-    int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
-    int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
-    size_t const BK = static_cast<size_t>(B) * K, BN = static_cast<size_t>(B) * N;
+    int const B = static_cast<int>(ids.size()), N = nodes_;
+    size_t const BN = static_cast<size_t>(B) * N;
     cudaStream_t const stream = exec_.stream;
     std::vector<int64_t> slots;
     SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
+    // The proposal's inputs, at fixed device addresses (a captured proposal reads them there):
+    // slots (int64, for gather_rows) and [slots | lengths | roots] (int32).
+    inputs_host_.assign(static_cast<size_t>(3 * B), 0);
     for (size_t b = 0; b < slots.size(); ++b) {
       if (!has_last_[static_cast<size_t>(slots[b])]) {
         return Status::Internal("SpecEngine (cuda): request " + std::to_string(ids[b]) +
                                 " proposes before any draft extend");
       }
+      inputs_host_[b] = static_cast<int32_t>(slots[b]);
+      inputs_host_[static_cast<size_t>(B) + b] = static_cast<int32_t>(cache.find(ids[b])->length);
+      inputs_host_[static_cast<size_t>(2 * B) + b] = roots[b];
     }
-    // Step 0 reads the batch's logits rows [B, Vd] (step_logits_ until step 1 rewrites it).
+    if (steps_ > 1) {
+      SPECDEC_RETURN_IF_ERROR(
+          model::eagle::check_draft_tree(*model_, cache, ids, steps_, topk_));
+    }
     int64_t* d_slots = nullptr;
+    int32_t* d_inputs = nullptr;
     SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
-    SPECDEC_RETURN_IF_ERROR(
-        gather_rows(logits_last_.data(), d_slots, B, Vd, step_logits_.data(), stream));
-    // Step 0's frontier: the root of every request (score 0, slot -1).
-    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_scores_.data(), 0, sizeof(float) * B, stream));
-    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_slots_.data(), 0xff, sizeof(int32_t) * B, stream));
-    ops::DraftSelectBuffers buffers;
-    buffers.batch = B;
-    buffers.vocab = static_cast<int>(Vd);
-    buffers.topk = K;
-    buffers.steps = S;
-    buffers.cand_tokens = cand_tokens_.data();
-    buffers.cand_scores = cand_scores_.data();
-    buffers.cand_parent = cand_parent_.data();
-    buffers.next_scores = next_scores_.data();
-    buffers.next_slots = next_slots_.data();
-    buffers.next_tokens = next_tokens_.data();
-    buffers.next_draft_tokens = next_draft_.data();
-    buffers.next_branch = next_branch_.data();
-    buffers.workspace = workspace_.data();
-    buffers.workspace_bytes = workspace_bytes_;
-    int64_t const* d2t = model_->d2t.empty() ? nullptr : model_->d2t_device;
-    // The branches' hidden rows [B * branches, H] and logits; their scratch indices (host).
-    float const* hidden = hidden_last_.data();  // step 0's branches: rows `slots`
-    float const* logits = step_logits_.data();
-    std::vector<int32_t> scratch(static_cast<size_t>(B), -1), next_branch(BK), parent_scratch(BK);
-    std::vector<int64_t> from(BK);
-    int branches = 1;
-    for (int s = 0; s < S; ++s) {
-      if (s > 0) {
-        // Each frontier branch i extends branch next_branch[i] of the previous forward.
-        for (int b = 0; b < B; ++b) {
-          for (int i = 0; i < K; ++i) {
-            size_t const at = static_cast<size_t>(b) * K + i;
-            int64_t const branch = int64_t{b} * branches + next_branch[at];
-            from[at] = s == 1 ? slots[static_cast<size_t>(b)] : branch;
-            parent_scratch[at] = scratch[static_cast<size_t>(branch)];
-          }
-        }
-        int64_t* d_from = nullptr;
-        SPECDEC_RETURN_IF_ERROR(from_.put(from, stream, &d_from));
-        SPECDEC_RETURN_IF_ERROR(gather_rows(hidden, d_from, static_cast<int64_t>(BK), H,
-                                            parent_hidden_.data(), stream));
-        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_step(
-            exec_, *model_, &cache, ids, K, {next_tokens_.data(), BK},
-            {parent_hidden_.data(), BK * H}, parent_scratch, {step_hidden_.data(), BK * H},
-            {step_logits_.data(), BK * Vd}, &scratch));
-        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_scores_.data(), next_scores_.data(),
-                                         sizeof(float) * BK, cudaMemcpyDeviceToDevice, stream));
-        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_slots_.data(), next_slots_.data(),
-                                         sizeof(int32_t) * BK, cudaMemcpyDeviceToDevice, stream));
-        hidden = step_hidden_.data();
-        logits = step_logits_.data();
-        branches = K;
-      }
-      ops::DraftExpandParams const x =
-          buffers.expand(s, logits, frontier_scores_.data(), frontier_slots_.data(), d2t);
-      SPECDEC_RETURN_IF_ERROR(ops::draft_expand(exec_, x));
-      if (s + 1 < S) {
-        SPECDEC_RETURN_IF_ERROR(next_branch_.get(next_branch.data(), BK, stream));
-        SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
-      }
-    }
-    int32_t* d_roots = nullptr;
-    SPECDEC_RETURN_IF_ERROR(roots_.put(roots.data(), roots.size(), stream, &d_roots));
-    ops::DraftFinalizeParams const f = buffers.finalize(
-        d_roots, N, out_tokens_.data(), out_parents_.data(), node_slot_.data(), status_.data());
-    SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(exec_, f));
+    SPECDEC_RETURN_IF_ERROR(inputs_.put(inputs_host_, stream, &d_inputs));
+    ProposalShape const shape{B, model_->scratch_generation()};
+    int64_t const replays = graphs_.replays();
+    SPECDEC_RETURN_IF_ERROR(graphs_.run(shape, stream, [&] { return enqueue_proposal(ids); }));
+    model_->proposal_replays += graphs_.replays() - replays;
     tokens->assign(BN, -1);
     parents->assign(BN, -1);
     std::vector<int32_t> status(static_cast<size_t>(B));
@@ -437,6 +392,74 @@ class CudaDraftRun {
   }
 
  private:
+  // What a captured proposal bakes in besides the session's fixed buffers: the batch size and
+  // where the draft's scratch lives.
+  struct ProposalShape {
+    int batch = 0;
+    uint64_t scratch_generation = 0;
+    bool operator==(ProposalShape const&) const = default;
+  };
+
+  // The proposal of the batch whose inputs are in from_ / inputs_, stream work only (capturable):
+  // the batch's logits rows gathered, draft_expand at step 0; each later step draft_tree_step
+  // on the K frontier tokens (each branch continuing next_branch of the step before, on the
+  // device) and draft_expand; draft_finalize into out_tokens_ / out_parents_ / status_.
+  Status enqueue_proposal(std::span<model::kimi::RequestId const> ids) {
+    int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
+    int64_t const Vd = model_->draft_vocab();
+    size_t const BK = static_cast<size_t>(B) * K;
+    cudaStream_t const stream = exec_.stream;
+    int32_t const* d_slots32 = inputs_.data();
+    SPECDEC_RETURN_IF_ERROR(
+        gather_rows(logits_last_.data(), from_.data(), B, Vd, step_logits_.data(), stream));
+    // Step 0's frontier: the root of every request (score 0, slot -1).
+    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_scores_.data(), 0, sizeof(float) * B, stream));
+    SPECDEC_CUDA_TRY(cudaMemsetAsync(frontier_slots_.data(), 0xff, sizeof(int32_t) * B, stream));
+    ops::DraftSelectBuffers buffers;
+    buffers.batch = B;
+    buffers.vocab = static_cast<int>(Vd);
+    buffers.topk = K;
+    buffers.steps = S;
+    buffers.cand_tokens = cand_tokens_.data();
+    buffers.cand_scores = cand_scores_.data();
+    buffers.cand_parent = cand_parent_.data();
+    buffers.next_scores = next_scores_.data();
+    buffers.next_slots = next_slots_.data();
+    buffers.next_tokens = next_tokens_.data();
+    buffers.next_draft_tokens = next_draft_.data();
+    buffers.next_branch = next_branch_.data();
+    buffers.workspace = workspace_.data();
+    buffers.workspace_bytes = workspace_bytes_;
+    int64_t const* d2t = model_->d2t.empty() ? nullptr : model_->d2t_device;
+    for (int s = 0; s < S; ++s) {
+      if (s > 0) {
+        model::eagle::DraftTreeStep t;
+        t.step = s;
+        t.branches = K;
+        t.slots = d_slots32;
+        t.lengths = d_slots32 + B;
+        t.next_branch = next_branch_.data();
+        t.tokens = next_tokens_.data();
+        t.source_hidden = s == 1 ? hidden_last_.data() : step_hidden_.data();
+        t.parent_hidden = parent_hidden_.data();
+        t.hidden = step_hidden_.data();
+        t.logits = step_logits_.data();
+        SPECDEC_RETURN_IF_ERROR(model::eagle::draft_tree_step(exec_, *model_, &cache, ids, t));
+        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_scores_.data(), next_scores_.data(),
+                                         sizeof(float) * BK, cudaMemcpyDeviceToDevice, stream));
+        SPECDEC_CUDA_TRY(cudaMemcpyAsync(frontier_slots_.data(), next_slots_.data(),
+                                         sizeof(int32_t) * BK, cudaMemcpyDeviceToDevice, stream));
+      }
+      ops::DraftExpandParams const x = buffers.expand(
+          s, step_logits_.data(), frontier_scores_.data(), frontier_slots_.data(), d2t);
+      SPECDEC_RETURN_IF_ERROR(ops::draft_expand(exec_, x));
+    }
+    ops::DraftFinalizeParams const f =
+        buffers.finalize(d_slots32 + 2 * B, N, out_tokens_.data(), out_parents_.data(),
+                         node_slot_.data(), status_.data());
+    return ops::draft_finalize(exec_, f);
+  }
+
   // Each request's draft cache slot (the row of its last extend).
   Status slots_of(std::span<model::kimi::RequestId const> ids, std::vector<int64_t>* out) const {
     out->resize(ids.size());
@@ -458,10 +481,12 @@ class CudaDraftRun {
   size_t workspace_bytes_ = 0;
   Staging<float> hidden_last_, logits_last_, parent_hidden_, step_hidden_, step_logits_,
       cand_scores_, next_scores_, frontier_scores_;
-  Staging<int32_t> tokens_, roots_, cand_tokens_, cand_parent_, next_slots_, next_tokens_,
+  Staging<int32_t> tokens_, inputs_, cand_tokens_, cand_parent_, next_slots_, next_tokens_,
       next_draft_, next_branch_, frontier_slots_, out_tokens_, out_parents_, node_slot_, status_;
   Staging<int64_t> from_;
   Staging<uint64_t> workspace_;
+  std::vector<int32_t> inputs_host_;
+  GraphCache<ProposalShape> graphs_;
 };
 
 template <>

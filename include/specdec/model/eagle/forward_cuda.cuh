@@ -20,10 +20,17 @@
 //       out (fp32, the caller's buffers, sizes exact). requests, counts, parent_scratch (in) and
 //       scratch_index (out) stay on the host: the host owns the tree and builds each row's
 //       ancestor list from them.
+//   draft_tree_step(CudaExecutor{stream}, model, &cache, requests, DraftTreeStep)
+//       step s of a proposal whose tree lives on the device (the engine's proposal loop): the
+//       rows' parents are the previous step's branch choices next_branch [B * K] (device, as
+//       ops::draft_expand writes them), so nothing is read back and the loop can be captured
+//       as one CUDA graph. The call's metadata is built on the device by draft_tree_rows
+//       (oracle: draft_step's host metadata, which tests/cuda/eagle_draft_cuda.cu compares).
 //   draft_device_errors(CudaExecutor, model)
 //       the tokens check, which runs on the device (see Errors).
 //   reserve_draft_scratch(model, rows, max_chain)
-//       sizes the model's per-call scratch up front (else it grows on the first larger call).
+//       sizes the model's per-call scratch up front (else it grows on the first larger call;
+//       model.scratch_generation() counts the growths, which move what a captured graph reads).
 //
 // Per call (n rows; bf16 GEMMs are cuBLAS with fp32 accumulation, so every activation entering
 // a GEMM is rounded to bf16, as in kimi/forward_cuda.cuh):
@@ -71,8 +78,8 @@
 //
 // Public API (namespace specdec::model::eagle): CudaTargetTensors, cuda_target_tensors_of,
 // DraftCudaModel, load_draft_cuda_model, reserve_draft_scratch, DraftCudaCache, draft_extend,
-// draft_step, draft_device_errors; kernels in eagle::cuda (rope_neox_rows, copy_rows,
-// check_tokens, draft_attention).
+// draft_step, DraftTreeStep, check_draft_tree, draft_tree_step, draft_device_errors; kernels in
+// eagle::cuda (rope_neox_rows, copy_rows, check_tokens, draft_attention, draft_tree_rows).
 #pragma once
 
 #include <cublas_v2.h>
@@ -325,6 +332,66 @@ inline Status draft_attention(DraftAttentionParams const& p, cudaStream_t stream
   return cuda_launch_status("draft_attention");
 }
 
+// The metadata of proposal step `step` >= 1 when the proposal's tree lives on the device
+// (draft_tree_step): row r = b * K + j continues branch next_branch[r] of the previous step
+// (request b's branch index there; 0 at step 1, whose only branch is the committed prefix) as
+// scratch entry e = (step - 1) * K + j of slot slots[b], at depth step - 1, so
+//   parent          -1 at step 1, else (step - 2) * K + next_branch[r]; kept in
+//                   tree_parent[slot * max_scratch + e] for the later steps' chains
+//   positions[r]    lengths[b] + step - 1        kv_rows[r]   slot * max_scratch + e
+//   slot[r]         slots[b]                     committed[r] lengths[b]
+//   anc_begin[r]    r * step (anc_begin[rows] = rows * step), anc[r * step ..] the chain of
+//                   scratch indices root first, self (e) last
+//   source_rows[r]  the row of the parent's hidden: slots[b] at step 1 (the slot's last extend
+//                   row), else b * K + next_branch[r] (the previous step's output row)
+// draft_step builds the same metadata on the host from its parent_scratch (the oracle).
+struct DraftTreeRowsParams {
+  int32_t const* slots = nullptr;        // [B]
+  int32_t const* lengths = nullptr;      // [B] committed entries
+  int32_t const* next_branch = nullptr;  // [B * K], read at step >= 2
+  int32_t* tree_parent = nullptr;        // [slots * max_scratch]
+  int64_t max_scratch = 0;
+  int rows = 0, branches = 0, step = 0;  // rows = B * K
+  int32_t *positions = nullptr, *kv_rows = nullptr, *slot = nullptr, *committed = nullptr,
+          *anc_begin = nullptr, *anc = nullptr, *source_rows = nullptr;
+};
+
+static __global__ void draft_tree_rows_kernel(__grid_constant__ DraftTreeRowsParams const p) {
+  int const r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r > p.rows) return;
+  int const s = p.step, K = p.branches;
+  if (r == p.rows) {
+    p.anc_begin[r] = r * s;
+    return;
+  }
+  int const b = r / K, j = r % K;
+  int32_t const slot = p.slots[b], length = p.lengths[b];
+  int32_t const branch = s == 1 ? 0 : p.next_branch[r];
+  int32_t const parent = s == 1 ? -1 : (s - 2) * K + branch;
+  int32_t const entry = (s - 1) * K + j;
+  int32_t* const tree = p.tree_parent + static_cast<int64_t>(slot) * p.max_scratch;
+  tree[entry] = parent;
+  p.positions[r] = length + s - 1;
+  p.kv_rows[r] = static_cast<int32_t>(slot * p.max_scratch + entry);
+  p.slot[r] = slot;
+  p.committed[r] = length;
+  p.anc_begin[r] = r * s;
+  int32_t* const chain = p.anc + static_cast<int64_t>(r) * s;
+  chain[s - 1] = entry;
+  int32_t a = parent;
+  for (int d = s - 2; d >= 0; --d) {  // earlier steps' entries, written by earlier launches
+    chain[d] = a;
+    a = tree[a];
+  }
+  p.source_rows[r] = s == 1 ? slot : b * K + branch;
+}
+
+inline Status draft_tree_rows(DraftTreeRowsParams const& p, cudaStream_t stream) {
+  int const threads = 128, blocks = (p.rows + 1 + threads - 1) / threads;
+  draft_tree_rows_kernel<<<blocks, threads, 0, stream>>>(p);
+  return cuda_launch_status("draft_tree_rows");
+}
+
 }  // namespace cuda
 
 // ---------------------------------------------------------------------------------------------
@@ -392,6 +459,14 @@ class DraftCudaModel {
   int64_t draft_to_target(int64_t d) const { return d + d2t[static_cast<size_t>(d)]; }
   bool loaded() const { return cublas_ != nullptr; }
   cublasHandle_t cublas() const { return cublas_.get(); }
+  // How often the per-call scratch has grown (moved): a CUDA graph captured over the draft's
+  // calls is valid while this stays the same.
+  uint64_t scratch_generation() const { return scratch_generation_; }
+  // Proposals (the engine's draft loop, engine/spec_engine.hpp) kept as CUDA graphs, one per
+  // batch size (0: every proposal launches its kernels from the host), and how many proposals
+  // were replayed from one so far.
+  size_t proposal_graphs = 0;
+  int64_t proposal_replays = 0;
 
   // Scratch of one call over n rows (see reserve_draft_scratch).
   struct Scratch {
@@ -409,6 +484,9 @@ class DraftCudaModel {
   DeviceBuffer<uint8_t> arena_;  // the weights, d2t, inv_freq, the error record
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
+  uint64_t scratch_generation_ = 0;
+  // cuBLAS's workspace, set once: it never allocates inside a captured proposal.
+  DeviceBuffer<uint8_t> cublas_workspace_;
   int32_t* error_record_ = nullptr;  // {call (0 none, 1 extend, 2 step), index, token, 0}
 
   friend Status load_draft_cuda_model(std::string const&, io::DeepseekV3Config const&,
@@ -581,6 +659,15 @@ inline Status load_draft_cuda_model(std::string const& dir, io::DeepseekV3Config
     cublasHandle_t h = nullptr;
     SPECDEC_RETURN_IF_ERROR(kimi::cublas_status(cublasCreate(&h), "cublasCreate").prefixed(fn));
     m.cublas_.reset(h);
+    m.cublas_workspace_ = DeviceBuffer<uint8_t>(kimi::kCublasWorkspaceBytes);
+    if (m.cublas_workspace_.data() == nullptr) {
+      return Status::CudaError(fn + "cudaMalloc of the cuBLAS workspace failed");
+    }
+    SPECDEC_RETURN_IF_ERROR(
+        kimi::cublas_status(cublasSetWorkspace(h, m.cublas_workspace_.data(),
+                                               kimi::kCublasWorkspaceBytes),
+                            "cublasSetWorkspace")
+            .prefixed(fn));
     *out = std::move(m);
     return Status::Ok();
   });
@@ -620,6 +707,7 @@ inline Status draft_scratch(DraftCudaModel& m, int64_t n, int64_t meta_ints,
                                " bytes of scratch failed");
     }
     m.scratch_bytes_ = grow;
+    ++m.scratch_generation_;
   }
   kimi::detail::DeviceCarver real{m.scratch_arena_.data(), 0};
   carve(real);
@@ -631,7 +719,7 @@ namespace detail {
 // int32 metadata values of a call of n rows over B requests with `ancestors` ancestor-list
 // entries in all (the layout of RowsMeta).
 inline int64_t meta_ints(int64_t n, int64_t B, int64_t ancestors) {
-  return 5 * n + 1 + B + ancestors;
+  return 6 * n + 1 + B + ancestors;
 }
 
 }  // namespace detail
@@ -706,7 +794,9 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
     c.v_ = DeviceBuffer<float>(committed);
     c.scratch_k_ = DeviceBuffer<float>(scratch);
     c.scratch_v_ = DeviceBuffer<float>(scratch);
-    if (!c.k_.data() || !c.v_.data() || !c.scratch_k_.data() || !c.scratch_v_.data()) {
+    c.tree_parent_ = DeviceBuffer<int32_t>(static_cast<size_t>(max_requests * max_scratch));
+    if (!c.k_.data() || !c.v_.data() || !c.scratch_k_.data() || !c.scratch_v_.data() ||
+        !c.tree_parent_.data()) {
       return Status::CudaError(fn + "cudaMalloc of " + std::to_string(8 * (committed + scratch)) +
                                " bytes of draft K / V failed");
     }
@@ -755,10 +845,14 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
   float* v() const { return v_.data(); }
   float* scratch_k() const { return scratch_k_.data(); }
   float* scratch_v() const { return scratch_v_.data(); }
+  // [max_requests * max_scratch]: the parent of each scratch entry of a tree on the device
+  // (draft_tree_step's; the host's draft_step keeps its tree in the Sequence instead).
+  int32_t* tree_parent() const { return tree_parent_.data(); }
 
  private:
   int64_t width_ = 0, max_length_ = 0, max_scratch_ = 0;
   DeviceBuffer<float> k_, v_, scratch_k_, scratch_v_;
+  DeviceBuffer<int32_t> tree_parent_;
   std::vector<int> free_slots_;  // lowest slot last
 };
 
@@ -767,13 +861,14 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
 
 namespace detail {
 
-// One call's int32 metadata in one upload: per row its position, cache row (committed or scratch
-// array), slot, visible committed count and ancestor-list range; the ancestor lists; per request
-// its last row (extend).
+// One call's int32 metadata in one upload (or built on the device: draft_tree_step): per row its
+// position, cache row (committed or scratch array), slot, visible committed count, ancestor-list
+// range and parent hidden row (draft_tree_step); the ancestor lists; per request its last row
+// (extend).
 struct RowsMeta {
   std::vector<int32_t> host;
-  int64_t positions = 0, kv_rows = 0, slot = 0, committed = 0, anc_begin = 0, last_rows = 0,
-          anc = 0;
+  int64_t positions = 0, kv_rows = 0, slot = 0, committed = 0, anc_begin = 0, sources = 0,
+          last_rows = 0, anc = 0;
   void layout(int64_t n, int64_t B, int64_t ancestors) {
     int64_t at = 0;
     auto region = [&](int64_t k) {
@@ -786,6 +881,7 @@ struct RowsMeta {
     slot = region(n);
     committed = region(n);
     anc_begin = region(n + 1);
+    sources = region(n);
     last_rows = region(B);
     anc = region(ancestors);
     host.assign(static_cast<size_t>(at), 0);
@@ -798,6 +894,7 @@ struct RowsMeta {
 struct CallRows {
   int64_t n = 0;
   bool step = false;                // K / V to the scratch arrays (else committed)
+  bool meta_on_device = false;      // the metadata is already in the scratch (draft_tree_step)
   float const* features = nullptr;  // extend: [n, F]
   float const* parent = nullptr;    // step: [n, H]
   float* residual = nullptr;        // [n, H]: h'' at the end
@@ -828,8 +925,11 @@ inline Status draft_forward_cuda(DraftCudaModel& m, DraftCudaCache* cache, CallR
   double const eps = c.rms_norm_eps;
   cublasHandle_t const h = m.cublas();
   RowsMeta const& meta = rows.meta;
-  SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, meta.host.data(), meta.host.size() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, stream));
+  if (!rows.meta_on_device) {
+    SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, meta.host.data(),
+                                     meta.host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     stream));
+  }
   SPECDEC_RETURN_IF_ERROR(kimi::cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
   SPECDEC_RETURN_IF_ERROR(cuda::check_tokens(tokens.data(), n, static_cast<int32_t>(c.vocab_size),
                                              call, s.tokens, draft_error_record(m), stream));
@@ -1192,6 +1292,123 @@ inline Status draft_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* 
     }
     *scratch_index = std::move(index);
     return Status::Ok();
+  });
+}
+
+// Step `step` (1 .. steps - 1) of a proposal whose tree lives on the device: requests[b] in cache
+// slot slots[b] with lengths[b] committed entries (device copies of the cache's host values,
+// which the caller keeps in step), K = branches rows each. Row r = b * K + j takes token
+// tokens[r] (a target id) and continues branch next_branch[r] of step - 1 (read at step >= 2;
+// at step 1 every row continues the committed prefix) from the parent's hidden row of
+// source_hidden (step 1: [slots, H], the row of the slot's last extend; else [B * K, H], the
+// previous step's hidden), gathered into parent_hidden [B * K, H] (which must not overlap it);
+// hidden [B * K, H] and logits [B * K, Vd] out (hidden may be source_hidden's storage: the
+// gather finishes before the forward writes). Row r becomes scratch entry
+// (step - 1) * K + j of its slot (cuda::draft_tree_rows states the metadata). All pointers are
+// device memory; nothing is read back, allocated (once reserve_draft_scratch sized the
+// scratch for B * K rows and chains of `steps`) or kept on the host: the host's scratch tree of
+// the requests is left as it was, and the next draft_extend clears both. A proposal's steps run
+// in order 1, 2, ...; a new step 1 starts a new tree.
+struct DraftTreeStep {
+  int step = 0, branches = 0;
+  int32_t const* slots = nullptr;        // [B]
+  int32_t const* lengths = nullptr;      // [B]
+  int32_t const* next_branch = nullptr;  // [B * K]
+  int32_t const* tokens = nullptr;       // [B * K]
+  float const* source_hidden = nullptr;
+  float* parent_hidden = nullptr;  // [B * K, H]
+  float* hidden = nullptr;         // [B * K, H]
+  float* logits = nullptr;         // [B * K, Vd]
+};
+
+// The host's checks of a proposal of `steps` steps of `branches` rows per request on the device
+// (draft_tree_step checks them again at each call; a caller replaying a captured proposal runs
+// this before each replay): every request known, its tree within the cache's scratch, its last
+// position lengths + steps - 2 within max_position_embeddings.
+inline Status check_draft_tree(DraftCudaModel const& model, DraftCudaCache const& cache,
+                               std::span<RequestId const> requests, int steps, int branches) {
+  std::string const fn = "draft_tree_step (cuda): ";
+  SPECDEC_RETURN_IF_ERROR(
+      detail::check_batch(fn, model, &cache, requests, "load_draft_cuda_model", "DraftCudaCache"));
+  if (steps < 2 || branches < 1) {
+    return Status::InvalidArgument(fn + "steps " + std::to_string(steps) + " must be >= 2 and " +
+                                   "branches " + std::to_string(branches) + " >= 1");
+  }
+  if (int64_t{steps - 1} * branches > cache.max_scratch()) {
+    return Status::InvalidArgument(
+        fn + std::to_string(steps - 1) + " steps x " + std::to_string(branches) +
+        " branches exceed the cache's capacity of " + std::to_string(cache.max_scratch()) +
+        " scratch entries per request (DraftCudaCache::create max_scratch)");
+  }
+  for (RequestId id : requests) {
+    SPECDEC_RETURN_IF_ERROR(
+        detail::check_position(fn, model, id, cache.find(id)->length + steps - 2));
+  }
+  return Status::Ok();
+}
+
+inline Status draft_tree_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
+                              std::span<RequestId const> requests, DraftTreeStep const& t) {
+  std::string const fn = "draft_tree_step (cuda): ";
+  return kimi::detail::cpu_guard(fn, [&]() -> Status {
+    if (cache == nullptr) return Status::InvalidArgument(fn + "cache is null");
+    if (t.step < 1) {
+      return Status::InvalidArgument(fn + "step " + std::to_string(t.step) + " must be >= 1");
+    }
+    SPECDEC_RETURN_IF_ERROR(check_draft_tree(model, *cache, requests, t.step + 1, t.branches));
+    int64_t const B = static_cast<int64_t>(requests.size()), K = t.branches, BK = B * K;
+    int64_t const H = model.hidden();
+    for (auto [what, p] : {std::pair<char const*, void const*>{"slots", t.slots},
+                           {"lengths", t.lengths},
+                           {"tokens", t.tokens},
+                           {"source_hidden", t.source_hidden},
+                           {"parent_hidden", t.parent_hidden},
+                           {"hidden", t.hidden},
+                           {"logits", t.logits}}) {
+      SPECDEC_RETURN_IF_ERROR(detail::check_device_memory(fn, what, p));
+    }
+    if (t.step >= 2) {
+      SPECDEC_RETURN_IF_ERROR(detail::check_device_memory(fn, "next_branch", t.next_branch));
+    }
+    detail::CallRows rows;
+    rows.n = BK;
+    rows.step = true;
+    rows.meta_on_device = true;
+    rows.parent = t.parent_hidden;
+    rows.residual = t.hidden;
+    rows.meta.layout(BK, B, BK * t.step);
+    detail::RowsMeta const& mt = rows.meta;
+    DraftCudaModel::Scratch s{};
+    SPECDEC_RETURN_IF_ERROR(draft_scratch(model, BK, detail::meta_ints(BK, B, BK * t.step), &s));
+    cuda::DraftTreeRowsParams p;
+    p.slots = t.slots;
+    p.lengths = t.lengths;
+    p.next_branch = t.next_branch;
+    p.tree_parent = cache->tree_parent();
+    p.max_scratch = cache->max_scratch();
+    p.rows = static_cast<int>(BK);
+    p.branches = t.branches;
+    p.step = t.step;
+    p.positions = s.meta + mt.positions;
+    p.kv_rows = s.meta + mt.kv_rows;
+    p.slot = s.meta + mt.slot;
+    p.committed = s.meta + mt.committed;
+    p.anc_begin = s.meta + mt.anc_begin;
+    p.anc = s.meta + mt.anc;
+    p.source_rows = s.meta + mt.sources;
+    SPECDEC_RETURN_IF_ERROR(cuda::draft_tree_rows(p, e.stream));
+    cuda::CopyRows<float, float> gather;
+    gather.src = t.source_hidden;
+    gather.src_stride = H;
+    gather.src_rows = p.source_rows;
+    gather.dst = t.parent_hidden;
+    gather.dst_stride = H;
+    gather.rows = BK;
+    gather.width = H;
+    SPECDEC_RETURN_IF_ERROR(cuda::copy_rows(gather, e.stream));
+    SPECDEC_RETURN_IF_ERROR(detail::draft_forward_cuda(
+        model, cache, rows, {t.tokens, static_cast<size_t>(BK)}, /*call=*/2, s, e.stream));
+    return detail::draft_logits_cuda(model, t.hidden, BK, t.logits, s, e.stream);
   });
 }
 

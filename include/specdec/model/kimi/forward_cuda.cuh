@@ -114,6 +114,10 @@ struct CudaLayer {
   ops::MoeExpertWeights experts;       // device pointer tables of the experts held (moe)
 };
 
+// The workspace each cuBLAS handle is given once, so that it never allocates inside a forward (a
+// graph capture): the target's and the draft's (model/eagle/forward_cuda.cuh).
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
 class KimiCudaModel;
 namespace detail {
 // What a captured forward bakes in (core/cuda_graph.cuh's key): sizes, grid bounds, the batch
@@ -186,7 +190,6 @@ class KimiCudaModel {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
-  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer<uint8_t> arena_;  // the weights
   DeviceBuffer<uint8_t> cublas_workspace_;
   DeviceBuffer<uint8_t> scratch_arena_;
@@ -592,12 +595,12 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
   SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
   m.cublas_.reset(h);
   // cuBLAS's workspace, set once: it never allocates inside a forward (a graph capture).
-  m.cublas_workspace_ = DeviceBuffer<uint8_t>(KimiCudaModel::kCublasWorkspaceBytes);
+  m.cublas_workspace_ = DeviceBuffer<uint8_t>(kCublasWorkspaceBytes);
   if (m.cublas_workspace_.data() == nullptr) {
     return Status::CudaError(fn + "cudaMalloc of the cuBLAS workspace failed");
   }
   SPECDEC_RETURN_IF_ERROR(cublas_status(
-      cublasSetWorkspace(h, m.cublas_workspace_.data(), KimiCudaModel::kCublasWorkspaceBytes),
+      cublasSetWorkspace(h, m.cublas_workspace_.data(), kCublasWorkspaceBytes),
       "cublasSetWorkspace"));
   *out = std::move(m);
   return Status::Ok();
