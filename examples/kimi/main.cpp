@@ -706,7 +706,7 @@ struct HeldDraft {
 
 // Decode / verify forward shapes the CUDA target keeps as graphs (KimiCudaModel::graphs: least
 // recently used leave); a steady decode uses one per batch size and 256-slot context bucket.
-// The draft keeps as many proposals (DraftCudaModel::proposal_graphs), one per batch size.
+// The draft keeps as many proposals and as many extends (DraftCudaModel::step_graphs).
 constexpr size_t kCudaGraphShapes = 16;
 
 // The executor an engine runs on: the host, or a stream of this rank's GPU made for the engine
@@ -773,13 +773,13 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
     target->graphs.set_capacity(g.cuda_graph ? kCudaGraphShapes : 0);
     if constexpr (Engine::kDraftsWithModel) {
-      draft->model.proposal_graphs = g.cuda_graph ? kCudaGraphShapes : 0;
+      draft->model.step_graphs = g.cuda_graph ? kCudaGraphShapes : 0;
     }
     graphs = g.cuda_graph ? "; cuda graph: decode and verify forwards (up to " +
                                 std::to_string(kCudaGraphShapes) + " shapes)" +
                                 (Engine::kDraftsWithModel
-                                     ? ", the draft's proposal (up to " +
-                                           std::to_string(kCudaGraphShapes) + " batch sizes)"
+                                     ? ", the draft's proposal and extend (up to " +
+                                           std::to_string(kCudaGraphShapes) + " shapes each)"
                                      : std::string())
                           : "; cuda graph: off (--disable-cuda-graph)";
   }

@@ -169,9 +169,9 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
 }
 
 // The engine on a stream of its own, the target's decode / verify forwards and the draft's
-// proposals replayed from CUDA graphs (KimiCudaModel::graphs, DraftCudaModel::proposal_graphs)
-// against the same engine launching them eagerly: the same tokens and the same acceptance,
-// exactly (captured and eager forwards give the same bits).
+// proposals and extends replayed from CUDA graphs (KimiCudaModel::graphs,
+// DraftCudaModel::step_graphs) against the same engine launching them eagerly: the same tokens
+// and the same acceptance, exactly (captured and eager forwards give the same bits).
 template <class P>
 void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   CAPTURE(describe<P>());
@@ -182,8 +182,8 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   SpecMetrics totals[2];
   for (int graphed = 0; graphed < 2; ++graphed) {
     models().gpu.graphs.set_capacity(graphed ? 16 : 0);
-    draft->proposal_graphs = graphed ? 16 : 0;
-    int64_t const proposal_replays = draft->proposal_replays;
+    draft->step_graphs = graphed ? 16 : 0;
+    int64_t const graph_replays = draft->graph_replays;
     SpecEngine<P, CudaExecutor> e;
     Status s = SpecEngine<P, CudaExecutor>::create(
         &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e,
@@ -194,10 +194,10 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     if (graphed) CHECK(models().gpu.graphs.replays() > replays);
     bool const proposes = SpecEngine<P, CudaExecutor>::kDraftsWithModel && graphed;
-    CHECK((draft->proposal_replays > proposal_replays) == proposes);
+    CHECK((draft->graph_replays > graph_replays) == proposes);
   }
   models().gpu.graphs.set_capacity(0);
-  draft->proposal_graphs = 0;
+  draft->step_graphs = 0;
   REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
   for (size_t r = 0; r < requests.size(); ++r) {
     CAPTURE(r);

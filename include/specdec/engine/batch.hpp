@@ -40,7 +40,7 @@ struct BatchSampling {
 };
 
 inline Status finish_commit(std::span<model::kimi::RequestId const> ids,
-                            std::vector<int32_t> const& status, std::vector<int32_t> const& seq_len,
+                            std::span<int32_t const> status, std::span<int32_t const> seq_len,
                             model::kimi::MlaCache* cache) {
   for (size_t b = 0; b < ids.size(); ++b) {
     if (status[b] != ops::kKvCommitOk) {

@@ -59,7 +59,8 @@
 //                                extend on the target's aux rows gathered on the device, steps,
 //                                draft_expand / draft_finalize's CUDA kernels, the proposal's
 //                                tree on the device, so that the whole proposal is one CUDA
-//                                graph per batch size: DraftCudaModel::proposal_graphs); the
+//                                graph per batch size, and the extend after a verify one per
+//                                shape: DraftCudaModel::step_graphs); the
 //                                host reads back the proposal's tokens / parents [B, N] and each
 //                                step's acceptance; n-gram lookup and tree_build run on the
 //                                host. draft_device_errors is read once per proposal.
@@ -250,13 +251,14 @@ struct DraftFor<CpuExecutor> {
 // its cache (one slot per request), each request's last extend row hidden [H] / logits [Vd] in
 // row `slot` of [R, H] / [R, Vd] (so requests extended in different calls, a prefill's and a
 // verify's, propose together), and the proposal's buffers, sized once for R requests.
-//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device): the
-//       draft extend into [B, H] / [B, Vd] rows, scattered to the requests' slots
+//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device,
+//       after_verify): the draft extend into [B, H] / [B, Vd] rows, scattered to the requests'
+//       slots; after a verify its stream work replays from a CUDA graph per (B, sum counts)
 //   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): the batch's slots, lengths
 //       and roots uploaded; the proposal (enqueue_proposal: draft_expand at step 0, then per
 //       step draft_tree_step, whose tree lives on the device, and draft_expand; draft_finalize)
-//       queued, or replayed from the CUDA graph captured for batch size B (model.
-//       proposal_graphs of them); then tokens / parents / status [B, N] / [B] to the host, and
+//       queued, or replayed from the CUDA graph captured for batch size B (model.step_graphs
+//       of them); then tokens / parents / status [B, N] / [B] to the host, and
 //       draft_device_errors (the one check of the tokens the draft read since the last
 //       proposal): one host wait per proposal.
 class CudaDraftRun {
@@ -293,14 +295,16 @@ class CudaDraftRun {
       SPECDEC_RETURN_IF_ERROR(b->reserve(RK));
     }
     size_t const RN = r * static_cast<size_t>(N);
-    for (auto* b : {&out_tokens_, &out_parents_, &node_slot_})
-      SPECDEC_RETURN_IF_ERROR(b->reserve(RN));
-    SPECDEC_RETURN_IF_ERROR(status_.reserve(r));
+    SPECDEC_RETURN_IF_ERROR(node_slot_.reserve(RN));
+    SPECDEC_RETURN_IF_ERROR(results_.reserve(2 * RN + r + kErrorRecord));
     SPECDEC_RETURN_IF_ERROR(inputs_.reserve(3 * r));
+    SPECDEC_RETURN_IF_ERROR(tokens_.reserve(static_cast<size_t>(extend_rows)));
     SPECDEC_RETURN_IF_ERROR(from_.reserve(r));
     // The buffers may have moved: no earlier graph is valid.
     graphs_.clear();
-    graphs_.set_capacity(model->proposal_graphs);
+    graphs_.set_capacity(model->step_graphs);
+    extend_graphs_.clear();
+    extend_graphs_.set_capacity(model->step_graphs);
     // draft_expand's workspace, zeroed once (its launches leave it zeroed).
     has_last_.assign(r, false);
     workspace_bytes_ = ops::draft_expand_workspace_bytes(R, static_cast<int>(Vd), K);
@@ -310,28 +314,46 @@ class CudaDraftRun {
     return Status::Ok();
   }
 
+  // `after_verify`: the extend of a step's accepted tokens (up to kPathCapacity per request),
+  // replayed from a CUDA graph per (batch, entries) shape; a prefill chunk's extend (any
+  // length) launches from the host.
   Status extend(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> counts,
-                std::span<int32_t const> tokens, std::span<float const> features) {
+                std::span<int32_t const> tokens, std::span<float const> features,
+                bool after_verify) {
     int64_t const B = static_cast<int64_t>(ids.size());
     int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
+    cudaStream_t const stream = exec_.stream;
     int32_t* d_tokens = nullptr;
-    SPECDEC_RETURN_IF_ERROR(tokens_.put(tokens.data(), tokens.size(), exec_.stream, &d_tokens));
-    SPECDEC_RETURN_IF_ERROR(
-        model::eagle::draft_extend(exec_, *model_, &cache, ids, counts, {d_tokens, tokens.size()},
-                                   features, {step_hidden_.data(), static_cast<size_t>(B * H)},
-                                   {step_logits_.data(), static_cast<size_t>(B * Vd)}));
+    SPECDEC_RETURN_IF_ERROR(tokens_.put(tokens.data(), tokens.size(), stream, &d_tokens));
     std::vector<int64_t> slots;
     SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
     int64_t* d_slots = nullptr;
-    SPECDEC_RETURN_IF_ERROR(from_.put(slots, exec_.stream, &d_slots));
-    SPECDEC_RETURN_IF_ERROR(
-        scatter_rows(step_hidden_.data(), d_slots, B, H, hidden_last_.data(), exec_.stream));
-    SPECDEC_RETURN_IF_ERROR(
-        scatter_rows(step_logits_.data(), d_slots, B, Vd, logits_last_.data(), exec_.stream));
+    SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
+    model::eagle::DraftExtendCall call;
+    SPECDEC_RETURN_IF_ERROR(model::eagle::prepare_draft_extend(
+        exec_, *model_, &cache, ids, counts, {d_tokens, tokens.size()}, features,
+        {step_hidden_.data(), static_cast<size_t>(B * H)},
+        {step_logits_.data(), static_cast<size_t>(B * Vd)}, &call));
+    auto enqueue = [&]() -> Status {
+      SPECDEC_RETURN_IF_ERROR(model::eagle::enqueue_draft_extend(exec_, *model_, &cache, call));
+      SPECDEC_RETURN_IF_ERROR(
+          scatter_rows(step_hidden_.data(), d_slots, B, H, hidden_last_.data(), stream));
+      return scatter_rows(step_logits_.data(), d_slots, B, Vd, logits_last_.data(), stream);
+    };
+    if (after_verify) {
+      ExtendShape const shape{static_cast<int>(B), static_cast<int64_t>(tokens.size()), d_tokens,
+                              features.data(), model_->scratch_generation()};
+      int64_t const replays = extend_graphs_.replays();
+      SPECDEC_RETURN_IF_ERROR(extend_graphs_.run(shape, stream, enqueue));
+      model_->graph_replays += extend_graphs_.replays() - replays;
+    } else {
+      SPECDEC_RETURN_IF_ERROR(enqueue());
+    }
+    model::eagle::finish_draft_extend(call);
     for (int64_t slot : slots) has_last_[static_cast<size_t>(slot)] = true;
     // The host waits, so that the extend's phase time holds its GPU work (as the target's
     // forwards do, engine/target_cuda.cuh).
-    SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
+    SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
     return Status::Ok();
   }
 
@@ -372,26 +394,31 @@ class CudaDraftRun {
     ProposalShape const shape{B, model_->scratch_generation()};
     int64_t const replays = graphs_.replays();
     SPECDEC_RETURN_IF_ERROR(graphs_.run(shape, stream, [&] { return enqueue_proposal(ids); }));
-    model_->proposal_replays += graphs_.replays() - replays;
-    tokens->assign(BN, -1);
-    parents->assign(BN, -1);
-    std::vector<int32_t> status(static_cast<size_t>(B));
-    SPECDEC_RETURN_IF_ERROR(out_tokens_.get(tokens->data(), BN, stream));
-    SPECDEC_RETURN_IF_ERROR(out_parents_.get(parents->data(), BN, stream));
-    SPECDEC_RETURN_IF_ERROR(status_.get(status.data(), static_cast<size_t>(B), stream));
-    // Waits for the stream (so the copies above have landed).
-    SPECDEC_RETURN_IF_ERROR(model::eagle::draft_device_errors(exec_, *model_));
+    model_->graph_replays += graphs_.replays() - replays;
+    // One read-back: [tokens BN | parents BN | status B | the draft's error record].
+    std::vector<int32_t> results(2 * BN + static_cast<size_t>(B) + kErrorRecord);
+    SPECDEC_RETURN_IF_ERROR(results_.get(results.data(), results.size(), stream));
+    SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
+    tokens->assign(results.begin(), results.begin() + static_cast<int64_t>(BN));
+    parents->assign(results.begin() + static_cast<int64_t>(BN),
+                    results.begin() + static_cast<int64_t>(2 * BN));
+    // A token outside the vocabulary the draft met: draft_device_errors names it (and clears).
+    if (results[2 * BN + static_cast<size_t>(B)] != 0) {
+      return model::eagle::draft_device_errors(exec_, *model_);
+    }
     for (int b = 0; b < B; ++b) {
-      if (status[static_cast<size_t>(b)] != ops::kDraftSelectOk) {
-        return Status::Internal("SpecEngine: draft_finalize status " +
-                                std::to_string(status[static_cast<size_t>(b)]) + " for request " +
-                                std::to_string(ids[static_cast<size_t>(b)]));
+      int32_t const status = results[2 * BN + static_cast<size_t>(b)];
+      if (status != ops::kDraftSelectOk) {
+        return Status::Internal("SpecEngine: draft_finalize status " + std::to_string(status) +
+                                " for request " + std::to_string(ids[static_cast<size_t>(b)]));
       }
     }
     return Status::Ok();
   }
 
  private:
+  static constexpr size_t kErrorRecord = 4;  // int32 words of the draft's device error record
+
   // What a captured proposal bakes in besides the session's fixed buffers: the batch size and
   // where the draft's scratch lives.
   struct ProposalShape {
@@ -399,11 +426,22 @@ class CudaDraftRun {
     uint64_t scratch_generation = 0;
     bool operator==(ProposalShape const&) const = default;
   };
+  // What a captured extend bakes in: the batch size, the entries, where the tokens and the
+  // features are read, where the draft's scratch lives.
+  struct ExtendShape {
+    int batch = 0;
+    int64_t entries = 0;
+    int32_t const* tokens = nullptr;
+    float const* features = nullptr;
+    uint64_t scratch_generation = 0;
+    bool operator==(ExtendShape const&) const = default;
+  };
 
   // The proposal of the batch whose inputs are in from_ / inputs_, stream work only (capturable):
   // the batch's logits rows gathered, draft_expand at step 0; each later step draft_tree_step
   // on the K frontier tokens (each branch continuing next_branch of the step before, on the
-  // device) and draft_expand; draft_finalize into out_tokens_ / out_parents_ / status_.
+  // device) and draft_expand; draft_finalize into results_ (tokens, parents, status), and the
+  // draft's error record beside them.
   Status enqueue_proposal(std::span<model::kimi::RequestId const> ids) {
     int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
     int64_t const Vd = model_->draft_vocab();
@@ -454,10 +492,15 @@ class CudaDraftRun {
           s, step_logits_.data(), frontier_scores_.data(), frontier_slots_.data(), d2t);
       SPECDEC_RETURN_IF_ERROR(ops::draft_expand(exec_, x));
     }
-    ops::DraftFinalizeParams const f =
-        buffers.finalize(d_slots32 + 2 * B, N, out_tokens_.data(), out_parents_.data(),
-                         node_slot_.data(), status_.data());
-    return ops::draft_finalize(exec_, f);
+    int32_t* const out = results_.data();
+    size_t const BN = static_cast<size_t>(B) * N;
+    ops::DraftFinalizeParams const f = buffers.finalize(d_slots32 + 2 * B, N, out, out + BN,
+                                                        node_slot_.data(), out + 2 * BN);
+    SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(exec_, f));
+    int32_t const* record = model::eagle::detail::draft_error_record(*model_);
+    SPECDEC_CUDA_TRY(cudaMemcpyAsync(out + 2 * BN + B, record, kErrorRecord * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, stream));
+    return Status::Ok();
   }
 
   // Each request's draft cache slot (the row of its last extend).
@@ -482,11 +525,12 @@ class CudaDraftRun {
   Staging<float> hidden_last_, logits_last_, parent_hidden_, step_hidden_, step_logits_,
       cand_scores_, next_scores_, frontier_scores_;
   Staging<int32_t> tokens_, inputs_, cand_tokens_, cand_parent_, next_slots_, next_tokens_,
-      next_draft_, next_branch_, frontier_slots_, out_tokens_, out_parents_, node_slot_, status_;
+      next_draft_, next_branch_, frontier_slots_, node_slot_, results_;
   Staging<int64_t> from_;
   Staging<uint64_t> workspace_;
   std::vector<int32_t> inputs_host_;
   GraphCache<ProposalShape> graphs_;
+  GraphCache<ExtendShape> extend_graphs_;
 };
 
 template <>
@@ -953,7 +997,7 @@ class SpecEngine {
           }
         }
       }
-      SPECDEC_RETURN_IF_ERROR(extend(extended, d_counts, d_tokens, d_rows));
+      SPECDEC_RETURN_IF_ERROR(extend(extended, d_counts, d_tokens, d_rows, false));
       add_time(&SpecMetrics::prefill_s, detail::seconds_since(t0), batch);
       for (StepEvent& ev : mine) {
         std::erase(prefilling_, ev.id);
@@ -971,13 +1015,15 @@ class SpecEngine {
     // rows `rows` [sum counts] for batch; keeps each request's last hidden / logits row for the
     // next proposal (on the host, or on the device for the CUDA draft, whose features are
     // gathered on the device).
+    // after_verify: a step's accepted tokens (else a prefill chunk's).
     Status extend(std::span<RequestId const> batch, std::vector<int32_t> const& counts,
-                  std::vector<int32_t> const& tokens, std::vector<int64_t> const& rows) {
+                  std::vector<int32_t> const& tokens, std::vector<int64_t> const& rows,
+                  bool after_verify) {
       if (batch.empty()) return Status::Ok();
       if constexpr (!kHostDraft) {
         std::span<float const> features;
         SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(rows, &features));
-        return draft_.extend(batch, counts, tokens, features);
+        return draft_.extend(batch, counts, tokens, features, after_verify);
       } else {
         std::vector<float> features;
         SPECDEC_RETURN_IF_ERROR(target_.aux_rows(rows, &features));
@@ -1194,8 +1240,7 @@ class SpecEngine {
       Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
                             tree_status.data()};
-      SPECDEC_RETURN_IF_ERROR(target_.accept(tree, links, s, acc));
-      SPECDEC_RETURN_IF_ERROR(target_.commit(ids, acc));
+      SPECDEC_RETURN_IF_ERROR(target_.accept_commit(ids, tree, links, s, acc));
       std::vector<RequestId> still, finished;
       std::vector<int32_t> d_counts, d_tokens;
       std::vector<int64_t> d_rows;
@@ -1248,7 +1293,7 @@ class SpecEngine {
       // 6. Draft extend.
       if constexpr (kDraftsWithModel) {
         t = detail::Clock::now();
-        SPECDEC_RETURN_IF_ERROR(extend(still, d_counts, d_tokens, d_rows));
+        SPECDEC_RETURN_IF_ERROR(extend(still, d_counts, d_tokens, d_rows, true));
         add_time(&SpecMetrics::extend_s, detail::seconds_since(t), still);
       }
       // The finished requests leave (their events of this speculative step close).

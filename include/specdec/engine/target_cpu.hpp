@@ -5,13 +5,14 @@
 //   prefill(ids [B], counts [B], tokens [sum counts], aux_layers, all_greedy)   keeps logits / aux
 //   verify(ids [B], N, tokens [B*N], positions [B*N], mask [B*N*W], aux_layers, all_greedy)
 //   sample_rows(rows [B] of the last forward, sampling, &tokens [B])  one draw per row
-//   accept(tree, links, sampling, &acceptance)    verify_greedy (all greedy) or verify_sample
-//                                                  over the last verify's logits; host arrays
+//   accept_commit(ids [B], tree, links, sampling, &acceptance)
+//       verify_greedy (all greedy) or verify_sample over the last verify's logits, then kv_commit
+//       of the accepted nodes + MlaCache::commit; host arrays
 // all_greedy (every request of the forward's batch is greedy): a vocabulary-sharded target
 // (tensor parallel, dist/shard.hpp) then asks the forward for each row's argmax
 // (LogitsMode::kArgmax: one key per row crosses the ranks, not the [T, V] logits), and
-// sample_rows / accept read the argmax; otherwise, and on a whole-vocabulary target, the logits.
-//   commit(ids [B], acceptance)                   kv_commit + MlaCache::commit
+// sample_rows / accept_commit read the argmax; otherwise, and on a whole-vocabulary target, the
+// logits.
 //   aux_rows(rows [R], &out [R, F])               the last forward's aux rows, on the host
 #pragma once
 
@@ -94,6 +95,26 @@ class CpuTarget {
     return ops::check_sample_status(status.data(), B);
   }
 
+  Status accept_commit(std::span<RequestId const> ids, TreeInput const& tree,
+                       TreeLinks const& links, BatchSampling const& s, Acceptance const& out) {
+    SPECDEC_RETURN_IF_ERROR(accept(tree, links, s, out));
+    return commit(ids, out);
+  }
+
+  Status aux_rows(std::span<int64_t const> rows, std::vector<float>* out) const {
+    int64_t const F = aux_width();
+    out->resize(rows.size() * static_cast<size_t>(F));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(aux_.begin() + rows[i] * F, F, out->begin() + static_cast<int64_t>(i) * F);
+    }
+    return Status::Ok();
+  }
+
+  int64_t aux_width() const {
+    return tokens_ > 0 ? static_cast<int64_t>(aux_.size()) / tokens_ : 0;
+  }
+
+ private:
   Status accept(TreeInput const& tree, TreeLinks const& links, BatchSampling const& s,
                 Acceptance const& out) {
     int const V = static_cast<int>(model_->config.vocab_size);
@@ -137,20 +158,6 @@ class CpuTarget {
     return finish_commit(ids, status, seq_len, &cache_);
   }
 
-  Status aux_rows(std::span<int64_t const> rows, std::vector<float>* out) const {
-    int64_t const F = aux_width();
-    out->resize(rows.size() * static_cast<size_t>(F));
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::copy_n(aux_.begin() + rows[i] * F, F, out->begin() + static_cast<int64_t>(i) * F);
-    }
-    return Status::Ok();
-  }
-
-  int64_t aux_width() const {
-    return tokens_ > 0 ? static_cast<int64_t>(aux_.size()) / tokens_ : 0;
-  }
-
- private:
   model::kimi::LogitsMode logits_mode(bool all_greedy) const {
     return logits_mode_for(all_greedy, model_->vocab.size() != model_->config.vocab_size);
   }

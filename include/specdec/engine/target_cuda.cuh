@@ -187,38 +187,51 @@ class CudaTarget {
     return ops::check_sample_status(status.data(), B);
   }
 
-  Status accept(TreeInput const& tree, TreeLinks const& links, BatchSampling const& s,
-                Acceptance const& out) {
+  // verify_greedy / verify_sample, then kv_commit reading the acceptance on the device, in one
+  // round trip: the tree, its links and kv_commit's page table / prefix lengths go up as one
+  // copy, the acceptance, the new lengths and both statuses come back as one, after one wait.
+  // A sampling failure is reported after kv_commit ran on the device; the host's cache
+  // bookkeeping is then unchanged (the rows it moved lie past every committed prefix).
+  Status accept_commit(std::span<RequestId const> ids, TreeInput const& tree,
+                       TreeLinks const& links, BatchSampling const& s, Acceptance const& out) {
     size_t const B = static_cast<size_t>(tree.batch), BN = B * static_cast<size_t>(tree.nodes);
     size_t const P = static_cast<size_t>(out.path_capacity);
-    // Device copies of the tree and links (host arrays of the caller).
-    TreeInput d_tree = tree;
-    TreeLinks d_links;
-    int32_t* d = nullptr;
-    SPECDEC_RETURN_IF_ERROR(tree_tokens_.put(tree.tokens, BN, exec_.stream, &d));
-    d_tree.tokens = d;
-    SPECDEC_RETURN_IF_ERROR(tree_parents_.put(tree.parents, BN, exec_.stream, &d));
-    d_tree.parents = d;
-    if (tree.node_count != nullptr) {
-      SPECDEC_RETURN_IF_ERROR(node_count_.put(tree.node_count, B, exec_.stream, &d));
-      d_tree.node_count = d;
-    }
-    SPECDEC_RETURN_IF_ERROR(depth_.put(links.depth, BN, exec_.stream, &d));
-    d_links.depth = d;
-    SPECDEC_RETURN_IF_ERROR(first_child_.put(links.first_child, BN, exec_.stream, &d));
-    d_links.first_child = d;
-    SPECDEC_RETURN_IF_ERROR(next_sibling_.put(links.next_sibling, BN, exec_.stream, &d));
-    d_links.next_sibling = d;
-    SPECDEC_RETURN_IF_ERROR(tree_status_.put(links.tree_status, B, exec_.stream, &d));
-    d_links.tree_status = d;
-    SPECDEC_RETURN_IF_ERROR(path_.reserve(B * P));
-    SPECDEC_RETURN_IF_ERROR(num_accepted_.reserve(B));
-    SPECDEC_RETURN_IF_ERROR(next_token_.reserve(B));
-    Acceptance const d_out{path_.data(), num_accepted_.data(), next_token_.data(),
-                           out.path_capacity};
-    int const V = static_cast<int>(model_->config.vocab_size);
-    std::vector<int32_t> status(B, ops::kSampleOk);
     if (out_.argmax != nullptr) SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CudaTarget", s));
+    std::vector<int32_t> table, prefix;
+    ops::KvCommitParams kc;
+    SPECDEC_RETURN_IF_ERROR(cache_.table.kv_commit_params(ids, &table, &prefix, &kc));
+    // The upload: [tokens | parents | node_count? | depth | first_child | next_sibling |
+    // tree_status | page table | prefix lengths].
+    upload_.clear();
+    auto append = [&](int32_t const* host, size_t n) {
+      size_t const at = upload_.size();
+      upload_.insert(upload_.end(), host, host + n);
+      return at;
+    };
+    size_t const at_tokens = append(tree.tokens, BN), at_parents = append(tree.parents, BN);
+    size_t const at_count = tree.node_count != nullptr ? append(tree.node_count, B) : 0;
+    size_t const at_depth = append(links.depth, BN), at_first = append(links.first_child, BN);
+    size_t const at_next = append(links.next_sibling, BN);
+    size_t const at_status = append(links.tree_status, B);
+    size_t const at_table = append(table.data(), table.size());
+    size_t const at_prefix = append(prefix.data(), prefix.size());
+    int32_t* up = nullptr;
+    SPECDEC_RETURN_IF_ERROR(upload_device_.put(upload_, exec_.stream, &up));
+    TreeInput d_tree = tree;
+    d_tree.tokens = up + at_tokens;
+    d_tree.parents = up + at_parents;
+    if (tree.node_count != nullptr) d_tree.node_count = up + at_count;
+    TreeLinks const d_links{up + at_depth, up + at_first, up + at_next, up + at_status};
+    // The download: [path B x P | num_accepted | next_token | seq_len | commit status |
+    // sample status].
+    size_t const results = B * P + 5 * B;
+    SPECDEC_RETURN_IF_ERROR(results_.reserve(results));
+    int32_t* const r = results_.data();
+    int32_t* const seq_len = r + B * P + 2 * B;
+    int32_t* const commit_status = seq_len + B;
+    int32_t* const sample_status = commit_status + B;
+    Acceptance const d_out{r, r + B * P, r + B * P + B, out.path_capacity};
+    int const V = static_cast<int>(model_->config.vocab_size);
     if (s.all_greedy) {
       SPECDEC_RETURN_IF_ERROR(argmax_.reserve(BN));
       ops::VerifyGreedyParams p;
@@ -238,43 +251,31 @@ class CudaTarget {
       p.vocab = V;
       SPECDEC_RETURN_IF_ERROR(put_sampling(s, &p.config, &p.keys));
       p.out = d_out;
-      SPECDEC_RETURN_IF_ERROR(status_.reserve(B));
-      p.status = status_.data();
+      p.status = sample_status;
       size_t const ws = ops::verify_sample_workspace_bytes(tree.batch, tree.nodes, V);
       SPECDEC_RETURN_IF_ERROR(workspace_.reserve((ws + 7) / 8));
       p.workspace = workspace_.data();
       p.workspace_bytes = ws;
       SPECDEC_RETURN_IF_ERROR(ops::verify_sample(exec_, p));
-      SPECDEC_RETURN_IF_ERROR(status_.get(status.data(), B, exec_.stream));
     }
-    SPECDEC_RETURN_IF_ERROR(path_.get(out.accepted_path, B * P, exec_.stream));
-    SPECDEC_RETURN_IF_ERROR(num_accepted_.get(out.num_accepted, B, exec_.stream));
-    SPECDEC_RETURN_IF_ERROR(next_token_.get(out.next_token, B, exec_.stream));
+    kc.page_table = up + at_table;
+    kc.prefix_len = up + at_prefix;
+    kc.acceptance = d_out;
+    kc.seq_len_out = seq_len;
+    kc.status = commit_status;
+    SPECDEC_RETURN_IF_ERROR(ops::kv_commit(exec_, kc));
+    download_.resize(results);
+    SPECDEC_RETURN_IF_ERROR(results_.get(download_.data(), results, exec_.stream));
     SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
-    return ops::check_sample_status(status.data(), tree.batch);
-  }
-
-  // kv_commit on the device entries, reading the acceptance already on the device (accept()).
-  Status commit(std::span<RequestId const> ids, Acceptance const& acceptance) {
-    std::vector<int32_t> table, prefix, seq_len(ids.size()), status(ids.size());
-    ops::KvCommitParams p;
-    SPECDEC_RETURN_IF_ERROR(cache_.table.kv_commit_params(ids, &table, &prefix, &p));
-    int32_t* d = nullptr;
-    SPECDEC_RETURN_IF_ERROR(page_table_.put(table, exec_.stream, &d));
-    p.page_table = d;
-    SPECDEC_RETURN_IF_ERROR(prefix_.put(prefix, exec_.stream, &d));
-    p.prefix_len = d;
-    p.acceptance = Acceptance{path_.data(), num_accepted_.data(), next_token_.data(),
-                              acceptance.path_capacity};
-    SPECDEC_RETURN_IF_ERROR(seq_len_.reserve(ids.size()));
-    SPECDEC_RETURN_IF_ERROR(status_.reserve(ids.size()));
-    p.seq_len_out = seq_len_.data();
-    p.status = status_.data();
-    SPECDEC_RETURN_IF_ERROR(ops::kv_commit(exec_, p));
-    SPECDEC_RETURN_IF_ERROR(seq_len_.get(seq_len.data(), ids.size(), exec_.stream));
-    SPECDEC_RETURN_IF_ERROR(status_.get(status.data(), ids.size(), exec_.stream));
-    SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
-    return finish_commit(ids, status, seq_len, &cache_.table);
+    int32_t const* h = download_.data();
+    std::copy_n(h, B * P, out.accepted_path);
+    std::copy_n(h + B * P, B, out.num_accepted);
+    std::copy_n(h + B * P + B, B, out.next_token);
+    if (!s.all_greedy) {
+      SPECDEC_RETURN_IF_ERROR(ops::check_sample_status(h + B * P + 4 * B, tree.batch));
+    }
+    std::span<int32_t const> const lengths(h + B * P + 2 * B, B), statuses(h + B * P + 3 * B, B);
+    return finish_commit(ids, statuses, lengths, &cache_.table);
   }
 
   // The last forward's aux rows `rows` (host indices into its rows) gathered on the device:
@@ -334,9 +335,8 @@ class CudaTarget {
   model::kimi::KimiCudaCache cache_;
   model::kimi::CudaForwardOutput out_;
   detail::Staging<float> picked_, temperature_, top_p_, aux_gathered_;
-  detail::Staging<int32_t> tokens_, status_, top_k_, tree_tokens_, tree_parents_, node_count_,
-      depth_, first_child_, next_sibling_, tree_status_, path_, num_accepted_, next_token_, argmax_,
-      page_table_, prefix_, seq_len_;
+  detail::Staging<int32_t> tokens_, status_, top_k_, argmax_, upload_device_, results_;
+  std::vector<int32_t> upload_, download_;
   detail::Staging<uint64_t> seed_, workspace_;
   detail::Staging<int64_t> aux_index_;
   detail::Staging<uint32_t> step_, request_id_;

@@ -77,8 +77,9 @@
 // with the largest call; reserve_draft_scratch sizes it).
 //
 // Public API (namespace specdec::model::eagle): CudaTargetTensors, cuda_target_tensors_of,
-// DraftCudaModel, load_draft_cuda_model, reserve_draft_scratch, DraftCudaCache, draft_extend,
-// draft_step, DraftTreeStep, check_draft_tree, draft_tree_step, draft_device_errors; kernels in
+// DraftCudaModel, load_draft_cuda_model, reserve_draft_scratch, DraftCudaCache, draft_extend
+// (and its parts: DraftExtendCall, prepare_ / enqueue_ / finish_draft_extend), draft_step,
+// DraftTreeStep, check_draft_tree, draft_tree_step, draft_device_errors; kernels in
 // eagle::cuda (rope_neox_rows, copy_rows, check_tokens, draft_attention, draft_tree_rows).
 #pragma once
 
@@ -462,11 +463,12 @@ class DraftCudaModel {
   // How often the per-call scratch has grown (moved): a CUDA graph captured over the draft's
   // calls is valid while this stays the same.
   uint64_t scratch_generation() const { return scratch_generation_; }
-  // Proposals (the engine's draft loop, engine/spec_engine.hpp) kept as CUDA graphs, one per
-  // batch size (0: every proposal launches its kernels from the host), and how many proposals
-  // were replayed from one so far.
-  size_t proposal_graphs = 0;
-  int64_t proposal_replays = 0;
+  // The engine's per-step draft work (engine/spec_engine.hpp: the proposal, one graph per batch
+  // size, and the extend after a verify, one per batch size and entry count) kept as CUDA
+  // graphs, up to this many of each (0: launched from the host), and how many runs replayed
+  // one so far.
+  size_t step_graphs = 0;
+  int64_t graph_replays = 0;
 
   // Scratch of one call over n rows (see reserve_draft_scratch).
   struct Scratch {
@@ -1095,10 +1097,30 @@ inline Status draft_logits_cuda(DraftCudaModel& m, float const* hidden, int64_t 
 // length + i; its length advances by counts[b] and its scratch is cleared. Device spans: tokens
 // [sum counts], features [sum counts, F], hidden_last [B, H] and logits_last [B, Vd] (the last
 // entry's h'' and draft logits per request). requests and counts are host spans.
-inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
-                           std::span<RequestId const> requests, std::span<int32_t const> counts,
-                           std::span<int32_t const> tokens, std::span<float const> features,
-                           std::span<float> hidden_last, std::span<float> logits_last) {
+// In three parts, for a caller that replays the stream work from a CUDA graph (the engine):
+//   prepare_draft_extend   the host's checks, the rows' metadata uploaded into the call's
+//                          scratch (on the stream: the one host-to-device copy), *call filled;
+//                          changes nothing on a failed check
+//   enqueue_draft_extend   the stream work only (capturable): the forward, the last rows, the
+//                          logits; what it reads and writes is fixed by the call's sizes (B, sum
+//                          counts), its spans and model.scratch_generation()
+//   finish_draft_extend    the bookkeeping: lengths advance, scratches clear
+struct DraftExtendCall {
+  detail::CallRows rows;
+  DraftCudaModel::Scratch scratch{};
+  std::vector<DraftCudaCache::Sequence*> seqs;
+  std::vector<int32_t> counts;
+  std::span<int32_t const> tokens;
+  float* hidden_last = nullptr;
+  float* logits_last = nullptr;
+};
+
+inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
+                                   std::span<RequestId const> requests,
+                                   std::span<int32_t const> counts,
+                                   std::span<int32_t const> tokens,
+                                   std::span<float const> features, std::span<float> hidden_last,
+                                   std::span<float> logits_last, DraftExtendCall* call) {
   std::string const fn = "draft_extend (cuda): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
     SPECDEC_RETURN_IF_ERROR(
@@ -1129,15 +1151,15 @@ inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache
     SPECDEC_RETURN_IF_ERROR(
         detail::check_span(fn, "logits_last", logits_last, B * Vd,
                            batch_why + " x draft vocabulary " + std::to_string(Vd)));
-    detail::CallRows rows;
-    rows.n = T;
-    rows.features = features.data();
-    rows.meta.layout(T, B, 0);
-    detail::RowsMeta& mt = rows.meta;
-    std::vector<DraftCudaCache::Sequence*> seqs(static_cast<size_t>(B));
+    DraftExtendCall c;
+    c.rows.n = T;
+    c.rows.features = features.data();
+    c.rows.meta.layout(T, B, 0);
+    detail::RowsMeta& mt = c.rows.meta;
+    c.seqs.resize(static_cast<size_t>(B));
     for (int64_t b = 0, first = 0; b < B; first += counts[b], ++b) {
       DraftCudaCache::Sequence* seq = cache->find(requests[b]);
-      seqs[static_cast<size_t>(b)] = seq;
+      c.seqs[static_cast<size_t>(b)] = seq;
       SPECDEC_RETURN_IF_ERROR(
           detail::check_position(fn, model, requests[b], seq->length + counts[b] - 1));
       if (seq->length + counts[b] > cache->max_length()) {
@@ -1157,29 +1179,57 @@ inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache
       }
       mt.at(mt.last_rows, b) = static_cast<int32_t>(first + counts[b] - 1);
     }
-    DraftCudaModel::Scratch s{};
-    SPECDEC_RETURN_IF_ERROR(draft_scratch(model, T, detail::meta_ints(T, B, 0), &s));
-    rows.residual = s.residual;
-    SPECDEC_RETURN_IF_ERROR(
-        detail::draft_forward_cuda(model, cache, rows, tokens, /*call=*/1, s, e.stream));
-    cuda::CopyRows<float, float> last;
-    last.src = s.residual;
-    last.src_stride = H;
-    last.src_rows = s.meta + mt.last_rows;
-    last.dst = hidden_last.data();
-    last.dst_stride = H;
-    last.rows = B;
-    last.width = H;
-    SPECDEC_RETURN_IF_ERROR(cuda::copy_rows(last, e.stream));
-    SPECDEC_RETURN_IF_ERROR(
-        detail::draft_logits_cuda(model, hidden_last.data(), B, logits_last.data(), s, e.stream));
-    for (int64_t b = 0; b < B; ++b) {
-      DraftCudaCache::Sequence* seq = seqs[static_cast<size_t>(b)];
-      seq->length += counts[b];
-      seq->clear_scratch();
-    }
+    SPECDEC_RETURN_IF_ERROR(draft_scratch(model, T, detail::meta_ints(T, B, 0), &c.scratch));
+    SPECDEC_CUDA_TRY(cudaMemcpyAsync(c.scratch.meta, mt.host.data(),
+                                     mt.host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     e.stream));
+    c.rows.meta_on_device = true;
+    c.rows.residual = c.scratch.residual;
+    c.counts.assign(counts.begin(), counts.end());
+    c.tokens = tokens;
+    c.hidden_last = hidden_last.data();
+    c.logits_last = logits_last.data();
+    *call = std::move(c);
     return Status::Ok();
   });
+}
+
+inline Status enqueue_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
+                                   DraftExtendCall const& c) {
+  int64_t const B = static_cast<int64_t>(c.seqs.size()), H = model.hidden();
+  DraftCudaModel::Scratch const& s = c.scratch;
+  SPECDEC_RETURN_IF_ERROR(
+      detail::draft_forward_cuda(model, cache, c.rows, c.tokens, /*call=*/1, s, e.stream));
+  cuda::CopyRows<float, float> last;
+  last.src = s.residual;
+  last.src_stride = H;
+  last.src_rows = s.meta + c.rows.meta.last_rows;
+  last.dst = c.hidden_last;
+  last.dst_stride = H;
+  last.rows = B;
+  last.width = H;
+  SPECDEC_RETURN_IF_ERROR(cuda::copy_rows(last, e.stream));
+  return detail::draft_logits_cuda(model, c.hidden_last, B, c.logits_last, s, e.stream);
+}
+
+inline void finish_draft_extend(DraftExtendCall const& c) {
+  for (size_t b = 0; b < c.seqs.size(); ++b) {
+    c.seqs[b]->length += c.counts[b];
+    c.seqs[b]->clear_scratch();
+  }
+}
+
+inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
+                           std::span<RequestId const> requests, std::span<int32_t const> counts,
+                           std::span<int32_t const> tokens, std::span<float const> features,
+                           std::span<float> hidden_last, std::span<float> logits_last) {
+  DraftExtendCall call;
+  SPECDEC_RETURN_IF_ERROR(prepare_draft_extend(e, model, cache, requests, counts, tokens,
+                                               features, hidden_last, logits_last, &call));
+  SPECDEC_RETURN_IF_ERROR(kimi::detail::cpu_guard(
+      "draft_extend (cuda): ", [&] { return enqueue_draft_extend(e, model, cache, call); }));
+  finish_draft_extend(call);
+  return Status::Ok();
 }
 
 // Scratch entries (draft_step (cpu)'s contract): row r = b * K + j continues parent_scratch[r]
