@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Chart of a `specdec-kimi bench --json` sweep as a PNG, in standard-library Python only.
 
-  bench_plot.py FILE.json --out PLOT.png [--title TEXT]
+  bench_plot.py FILE.json --out PLOT.png [--title TEXT] [--batch B]
   bench_plot.py --self-test [--out SAMPLE.png]   (ctest demo.bench_plot; --out keeps its PNG)
 
-Input: the JSON that `specdec-kimi bench --json FILE` writes for one run: a header (device, batch,
+Input: the JSON that `specdec-kimi bench --json FILE` writes for one batch size: a header (device, batch,
 prompts, max_new_tokens, model_path, draft_path), "configs" (configs[0] the NONE baseline, then
 the speculative configurations measured) and "advisor" (its "choice" and the "measured_best").
 Output: a 900x560 PNG (8-bit RGB, written with zlib and struct), two stacked panels with one
@@ -18,6 +18,8 @@ Above them a title line (--title, device, batch, prompts, max_new_tokens) and a 
 model, the draft, NONE's decode rate and the advisor's result. Text is drawn with the 5x8 pixel
 font embedded below. The same JSON gives the same bytes. A file that is not such JSON (no
 "configs", NONE not first, a value that is not a number, ...) is refused: exit 2, the problem named.
+A sweep at several batch sizes (`--batch 1,4,16`: {"batches": [one such object per batch size],
+"draft_steps_plan"}) is plotted at --batch B (default: the first batch size measured).
 """
 
 from __future__ import annotations
@@ -132,14 +134,28 @@ def _number(obj: dict, key: str, where: str, optional: bool = False) -> float | 
     return float(value)
 
 
-def load_bench(text: str) -> dict:
-    """Checks the bench JSON and returns what the chart needs; BenchError names the problem."""
+def load_bench(text: str, batch: int | None = None) -> dict:
+    """Checks the bench JSON and returns what the chart needs (at `batch` for a sweep of several
+    batch sizes; None: the first); BenchError names the problem."""
     try:
         doc = json.loads(text)
     except ValueError as e:
         raise BenchError(f"not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise BenchError("not a bench result: the top level is not a JSON object")
+    if "batches" in doc:
+        runs = doc["batches"]
+        if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+            raise BenchError('"batches" must be a non-empty list of bench results')
+        sizes = [r.get("batch") for r in runs]
+        if batch is None:
+            doc = runs[0]
+        elif batch in sizes:
+            doc = runs[sizes.index(batch)]
+        else:
+            raise BenchError(f"no run at batch {batch}: the file has batch sizes {sizes}")
+    elif batch is not None and doc.get("batch") != batch:
+        raise BenchError(f"no run at batch {batch}: the file has batch {doc.get('batch')}")
     configs = doc.get("configs")
     if not isinstance(configs, list) or not configs:
         raise BenchError('not a bench result: no "configs" list (or it is empty)')
@@ -519,6 +535,23 @@ def self_test(keep: str | None) -> int:
         edit(doc)
         return json.dumps(doc)
 
+    # A sweep at several batch sizes: the run at --batch (default the first) is plotted.
+    other = json.loads(json.dumps(SAMPLE))
+    other["batch"] = SAMPLE["batch"] + 3
+    other["configs"][1]["speedup"] = 0.5
+    sweep = json.dumps({"batches": [SAMPLE, other], "draft_steps_plan": {}})
+    check(load_bench(sweep) == bench, "a sweep of several batch sizes: the first by default")
+    check(load_bench(sweep, other["batch"]) == load_bench(json.dumps(other)),
+          "a sweep of several batch sizes: the one at --batch")
+    for text, batch, expected in ((sweep, 999, "no run at batch 999"),
+                                  (json.dumps({"batches": []}), None, '"batches"'),
+                                  (json.dumps(SAMPLE), 999, "no run at batch 999")):
+        try:
+            load_bench(text, batch)
+            check(False, f"refuses expecting {expected}")
+        except BenchError as e:
+            check(expected in str(e), f"refuses: {e}")
+
     bad = [("{not json", "not JSON"), ("[1, 2]", "not a JSON object"),
            (variant(lambda d: d.pop("configs")), '"configs"'),
            (variant(lambda d: d.update(configs=[])), '"configs"'),
@@ -562,6 +595,7 @@ def main() -> int:
     ap.add_argument("json", nargs="?", help="the file of specdec-kimi bench --json")
     ap.add_argument("--out", help="the PNG to write (with --self-test: keep the sample there)")
     ap.add_argument("--title", default="", help="text to start the title line with")
+    ap.add_argument("--batch", type=int, help="the batch size to plot (a sweep of several)")
     ap.add_argument("--self-test", action="store_true", help="check the renderer (ctest)")
     args = ap.parse_args()
     if args.self_test:
@@ -575,7 +609,7 @@ def main() -> int:
         print(f"bench_plot.py: cannot read {args.json}: {e}", file=sys.stderr)
         return 2
     try:
-        png, _ = render(load_bench(text), args.title)
+        png, _ = render(load_bench(text, args.batch), args.title)
     except BenchError as e:
         print(f"bench_plot.py: {args.json}: {e}", file=sys.stderr)
         return 2

@@ -240,6 +240,31 @@ expect_refusal("heads that do not split" "rank [0-2] of 3: .*num_attention_heads
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 
+# --speculative-draft-steps-by-batch: a batch of 1 from batch 1 on drafts 1 step of the chain
+# of 3 (2 verified tokens), said in the configuration line; the output stays plain decoding's;
+# bad text and a rule the policy cannot take are refused by name.
+speculative_flags(chain_flags "EAGLE3;3;1;4")
+execute_process(COMMAND "${KIMI}" ${greedy} ${chain_flags} --speculative-draft-steps-by-batch 1:1
+                OUTPUT_VARIABLE steps_out ERROR_VARIABLE steps_err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "--speculative-draft-steps-by-batch 1:1 failed (${rc}): ${steps_err}")
+endif()
+string(JSON steps_ids GET "${steps_out}" output_ids)
+string(JSON steps_verifies GET "${steps_out}" verify_ct)
+string(JSON steps_proposed GET "${steps_out}" proposed_drafts)
+if(NOT steps_ids STREQUAL plain_ids OR NOT steps_proposed EQUAL steps_verifies OR
+   NOT steps_err MATCHES "draft steps by batch size 1:1")
+  message(FATAL_ERROR "--speculative-draft-steps-by-batch 1:1: ids ${steps_ids} (plain "
+                      "${plain_ids}), ${steps_proposed} drafts in ${steps_verifies} verifies "
+                      "(1 each expected): ${steps_err}")
+endif()
+run_kimi(out rc ${greedy} ${chain_flags} --speculative-draft-steps-by-batch 1-3)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--speculative-draft-steps-by-batch: draft steps by batch: '1-3' is not BATCH:STEPS")
+  message(FATAL_ERROR "bad --speculative-draft-steps-by-batch text: exit ${rc}: ${out}")
+endif()
+expect_refusal("a draft-steps rule deeper than the tree" "draft_steps_by_batch\\[1\\] = 4:5: steps must be in \\[0, 3\\]"
+               ${chain_flags} --speculative-draft-steps-by-batch 1:3,4:5)
+
 # --speculative-config auto: every compiled tree of the algorithm measured against plain
 # decoding on the request, the best predicted one used. A random EAGLE-3 draft accepts nothing:
 # plain decoding is chosen, and the output is plain decoding's. On a target whose greedy text

@@ -40,6 +40,7 @@
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //                         [--random-weights SEED] [--disable-cuda-graph]
 //                         [--speculative-config auto]
+//                         [--speculative-draft-steps-by-batch B:S,...]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -53,7 +54,10 @@
 //       (with an algorithm, without the tree flags, at --tp-size 1) measures plain decoding and
 //       every compiled tree of the algorithm on the request's first 32 tokens, predicts each
 //       one's throughput (engine/advisor.hpp) and runs the request with the best, or plainly when
-//       none is predicted to gain; the JSON adds "advisor". --json prints one object:
+//       none is predicted to gain; the JSON adds "advisor". --speculative-draft-steps-by-batch
+//       "1:3,8:1,32:0" (EngineOptions::draft_steps_by_batch; `bench --batch 1,8,32` prints the
+//       advisor's plan in this form) drafts fewer steps, or none, from the given batch sizes on;
+//       serve logs each change. --json prints one object:
 //       output_ids, tokens_per_s (output tokens / wall time of the request, prefill and any
 //       first-call set-up included), decode_tokens_per_s (tokens after the first / time of the
 //       speculative steps), accept_length, accept_rate, per_position_accept, verify_ct and the
@@ -78,7 +82,8 @@
 //   specdec-kimi bench [--model-path DIR] [--speculative-algorithm EAGLE3|EAGLE|NGRAM]
 //                      [--speculative-draft-model-path DIR] [--speculative-num-steps S
 //                       --speculative-eagle-topk K --speculative-num-draft-tokens N]
-//                      [--prompts FILE.jsonl] [--count N] [--max-new-tokens M] [--batch B]
+//                      [--prompts FILE.jsonl] [--count N] [--max-new-tokens M]
+//                      [--batch B | --batch B1,B2,...]
 //                      [--device cpu|cuda] [--json FILE] [--no-self-check] [--page-size P]
 //                      [--random-weights SEED] [--disable-cuda-graph]
 //       a speculation sweep measured in one run (engine/bench_sweep.hpp): plain decoding first,
@@ -96,7 +101,12 @@
 //       decode tokens/s from these runs at this batch size; its choice against the measured
 //       best (within 5%?). Prints a markdown table and an advisor line on stdout (stderr says
 //       "drafting does not pay at batch B" when the choice is plain decoding); --json FILE
-//       writes bench_json's object (tools/bench_plot.py plots it). --speculative-algorithm NONE
+//       writes bench_json's object (tools/bench_plot.py plots it). With several batch sizes
+//       (--batch 1,4,16, increasing) the sweep runs at each, and a last line gives the drafting
+//       plan (bench_sweep.hpp plan_bench) of the configuration chosen at the smallest: the
+//       --speculative-draft-steps-by-batch rules for serve, each batch size's depth and predicted
+//       speedup; the JSON is then {batches: [bench_json per batch], draft_steps_plan}.
+//       --speculative-algorithm NONE
 //       and --tp-size > 1 are refused. An output that differs from plain decoding's is an error
 //       (exit 1, after the table and the JSON) on the CPU; on --device cuda it is reported
 //       (near-ties of the bf16 verify, see generate).
@@ -271,6 +281,7 @@ void usage(std::FILE* out) {
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
                "                             [--random-weights SEED] [--disable-cuda-graph]\n"
                "                             [--speculative-config auto]\n"
+               "                             [--speculative-draft-steps-by-batch B:S,...]\n"
                "       specdec-kimi capture --model-path DIR --prompts FILE.jsonl\n"
                "                            --out FILE.safetensors --max-new-tokens N\n"
                "                            (--layers 0,1,2 | --speculative-draft-model-path DIR)\n"
@@ -282,7 +293,7 @@ void usage(std::FILE* out) {
                "                          [--speculative-num-steps S --speculative-eagle-topk K\n"
                "                           --speculative-num-draft-tokens N]\n"
                "                          [--prompts FILE.jsonl] [--count N] [--max-new-tokens M]\n"
-               "                          [--batch B] [--device cpu|cuda] [--json FILE]\n"
+               "                          [--batch B[,B2,...]] [--device cpu|cuda] [--json FILE]\n"
                "                          [generate's model and device flags]\n"
                "       specdec-kimi serve [--model-path DIR] [generate's model, device and\n"
                "                          speculative flags] [--host H] [--port P] [--api-key K]\n"
@@ -658,6 +669,8 @@ struct GenerateFlags {
   specdec::dist::MoeSplit moe_split = specdec::dist::MoeSplit::kExpertParallel;
   std::string dist_init_addr;
   std::optional<uint64_t> random_weights;  // --random-weights SEED
+  // --speculative-draft-steps-by-batch B:S,...: EngineOptions::draft_steps_by_batch
+  std::vector<specdec::engine::DraftStepsRule> draft_steps;
 };
 
 // The timings and speculation figures of the JSON output.
@@ -766,16 +779,17 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   }
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
+  eo.draft_steps_by_batch = g.draft_steps;
   SPECDEC_RETURN_IF_ERROR(Engine::create(target, Engine::kDraftsWithModel ? &draft->model : nullptr,
                                          eo, engine, exec));
-  std::string graphs;
+  std::string tail;  // the configuration line's graphs and draft-steps parts
 #if defined(__CUDACC__)
   if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
     target->graphs.set_capacity(g.cuda_graph ? kCudaGraphShapes : 0);
     if constexpr (Engine::kDraftsWithModel) {
       draft->model.step_graphs = g.cuda_graph ? kCudaGraphShapes : 0;
     }
-    graphs = g.cuda_graph ? "; cuda graph: decode and verify forwards (up to " +
+    tail = g.cuda_graph ? "; cuda graph: decode and verify forwards (up to " +
                                 std::to_string(kCudaGraphShapes) + " shapes)" +
                                 (Engine::kDraftsWithModel
                                      ? ", the draft's proposal and extend (up to " +
@@ -784,6 +798,9 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                           : "; cuda graph: off (--disable-cuda-graph)";
   }
 #endif
+  if (!g.draft_steps.empty()) {
+    tail += "; draft steps by batch size " + specdec::engine::format_draft_steps(g.draft_steps);
+  }
   if (leader) {
     std::fprintf(stderr, "specdec-kimi: speculative config: %s%s; tp=%d%s%s\n",
                  specdec::describe<P>().c_str(),
@@ -795,7 +812,7 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                                         ? "whole on every rank for the EAGLE-1/2 draft)"
                                         : "split by vocabulary)"))
                                       .c_str(),
-                 graphs.c_str());
+                 tail.c_str());
   }
   if (g.self_check) {
     specdec::engine::SelfCheckReport report;
@@ -1104,6 +1121,10 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--node-rank")) g.node_rank = f.number<int>();
   else if (f.is("--dist-init-addr")) g.dist_init_addr = f.value();
   else if (f.is("--random-weights")) g.random_weights = f.number<uint64_t>();
+  else if (f.is("--speculative-draft-steps-by-batch")) {
+    Status const ds = specdec::engine::parse_draft_steps(f.value(), &g.draft_steps);
+    if (!ds.ok()) fail_usage("--speculative-draft-steps-by-batch: " + ds.message());
+  }
   else return false;
   return true;
 }
@@ -1575,8 +1596,28 @@ struct BenchFlags {
   std::string prompts;  // --prompts FILE.jsonl (the demo's eval_prompts.jsonl without a model)
   std::string json;     // --json FILE
   int count = 16;       // --count: the file's first N lines
-  int batch = 1;        // --batch: requests per generate call
+  std::vector<int> batches{1};  // --batch B or B1,B2,...: requests per generate call
 };
+
+// --batch's value: one batch size or several, increasing ("1,4,16").
+std::vector<int> parse_batches(std::string const& v) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (true) {
+    size_t const comma = v.find(',', at);
+    std::string const item = v.substr(at, comma == std::string::npos ? std::string::npos
+                                                                     : comma - at);
+    bool const digits = !item.empty() && item.size() <= 6 &&
+                        item.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(item) < 1 || (!out.empty() && std::stoi(item) <= out.back())) {
+      fail_usage("--batch " + v + ": '" + item + "' is not a batch size >= 1 (B, or B1,B2,... "
+                 "increasing)");
+    }
+    out.push_back(std::stoi(item));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
 
 // The first `count` lines of a prompts file, each checked as capture checks a line (a JSON object
 // with "input_ids", whole ids in the vocabulary, room for the new tokens; a bad one is an error
@@ -1692,7 +1733,7 @@ int bench(int argc, char** argv) {
     if (f.is("--prompts")) bf.prompts = f.value();
     else if (f.is("--count")) bf.count = f.number<int>();
     else if (f.is("--max-new-tokens")) g.o.max_new_tokens = f.number<int>();
-    else if (f.is("--batch")) bf.batch = f.number<int>();
+    else if (f.is("--batch")) bf.batches = parse_batches(f.value());
     else if (f.is("--json")) bf.json = f.value();
     else f.unknown();
   }
@@ -1712,12 +1753,12 @@ int bench(int argc, char** argv) {
   if (bf.prompts.empty()) {
     fail_usage("bench --model-path needs --prompts FILE.jsonl (one {\"input_ids\": [...]} a line)");
   }
-  if (bf.count < 1 || bf.batch < 1 || g.o.max_new_tokens < 2) {
-    fail_usage("--count and --batch must be >= 1 and --max-new-tokens >= 2 (a speculative step "
-               "to time)");
+  if (bf.count < 1 || g.o.max_new_tokens < 2) {
+    fail_usage("--count must be >= 1 and --max-new-tokens >= 2 (a speculative step to time)");
   }
-  if (bf.batch > bf.count) {
-    fail_usage("--batch " + std::to_string(bf.batch) + " > --count " + std::to_string(bf.count) +
+  if (bf.batches.back() > bf.count) {
+    fail_usage("--batch " + std::to_string(bf.batches.back()) + " > --count " +
+               std::to_string(bf.count) +
                ": a batch of B requests needs B prompts");
   }
   check_common_flags(g);
@@ -1761,52 +1802,71 @@ int bench(int argc, char** argv) {
   LoadedCheckpoint m;
   s = load_target(g, &m);
   if (!s.ok()) return finish(s);
-  std::vector<specdec::engine::BenchRun> runs;
-  s = for_each_rank(g, m, shard_of(g, kind), [&]<class Exec>(int, auto* target) -> Status {
-    return bench_on<Exec>(g, m, target, configs, prompts, bf.batch, &runs);
-  });
-  if (!s.ok()) return finish(s);
-  specdec::engine::BenchSetup setup;
-  setup.model_path = g.path;
-  setup.draft_path = g.draft_path;
-  setup.prompts_file = bf.prompts;
-  setup.device = g.device;
-  setup.batch = bf.batch;
-  setup.prompts = bf.count;
-  setup.max_new_tokens = g.o.max_new_tokens;
-  specdec::engine::BenchReport report;
-  s = specdec::engine::summarize_bench(setup, runs, &report);
-  if (!s.ok()) return finish(s);
-  auto const& choice = report.rows[static_cast<size_t>(report.choice)];
-  auto const& best = report.rows[static_cast<size_t>(report.measured_best)];
-  if (report.speculating) {
-    std::fprintf(stderr, "specdec-kimi: advisor at batch %d: %s\n", bf.batch,
-                 report.summary.c_str());
-  } else {
-    std::fprintf(stderr, "specdec-kimi: drafting does not pay at batch %d: %s\n", bf.batch,
-                 report.summary.c_str());
+  std::vector<specdec::engine::BenchReport> reports;
+  for (int batch : bf.batches) {
+    std::vector<specdec::engine::BenchRun> runs;
+    s = for_each_rank(g, m, shard_of(g, kind), [&]<class Exec>(int, auto* target) -> Status {
+      return bench_on<Exec>(g, m, target, configs, prompts, batch, &runs);
+    });
+    if (!s.ok()) return finish(s);
+    specdec::engine::BenchSetup setup;
+    setup.model_path = g.path;
+    setup.draft_path = g.draft_path;
+    setup.prompts_file = bf.prompts;
+    setup.device = g.device;
+    setup.batch = batch;
+    setup.prompts = bf.count;
+    setup.max_new_tokens = g.o.max_new_tokens;
+    specdec::engine::BenchReport& report = reports.emplace_back();
+    s = specdec::engine::summarize_bench(setup, runs, &report);
+    if (!s.ok()) return finish(s);
+    auto const& choice = report.rows[static_cast<size_t>(report.choice)];
+    auto const& best = report.rows[static_cast<size_t>(report.measured_best)];
+    if (report.speculating) {
+      std::fprintf(stderr, "specdec-kimi: advisor at batch %d: %s\n", batch,
+                   report.summary.c_str());
+    } else {
+      std::fprintf(stderr, "specdec-kimi: drafting does not pay at batch %d: %s\n", batch,
+                   report.summary.c_str());
+    }
+    std::printf("%s\nadvisor at batch %d: %s (predicted %.1f, measured %.1f decode tokens/s%s); "
+                "measured best: %s (%.1f); the choice measured %.3f of the best (%s 5%%)\n",
+                specdec::engine::bench_table(report).c_str(), batch, choice.name.c_str(),
+                choice.predicted_decode_tokens_per_s, choice.decode_tokens_per_s,
+                report.speculating ? "" : ": drafting does not pay", best.name.c_str(),
+                best.decode_tokens_per_s, report.choice_vs_best,
+                report.choice_within_5_percent ? "within" : "not within");
   }
-  std::printf("%s\nadvisor at batch %d: %s (predicted %.1f, measured %.1f decode tokens/s%s); "
-              "measured best: %s (%.1f); the choice measured %.3f of the best (%s 5%%)\n",
-              specdec::engine::bench_table(report).c_str(), bf.batch, choice.name.c_str(),
-              choice.predicted_decode_tokens_per_s, choice.decode_tokens_per_s,
-              report.speculating ? "" : ": drafting does not pay", best.name.c_str(),
-              best.decode_tokens_per_s, report.choice_vs_best,
-              report.choice_within_5_percent ? "within" : "not within");
+  // Several batch sizes: the drafting depth of the smallest batch's choice at each of them.
+  nlohmann::json out_json;
+  if (reports.size() == 1) {
+    out_json = specdec::engine::bench_json(reports[0]);
+  } else {
+    specdec::engine::BenchPlan plan;
+    s = specdec::engine::plan_bench(reports, &plan);
+    if (!s.ok()) return finish(s);
+    std::printf("%s\n", plan.summary.c_str());
+    out_json["batches"] = nlohmann::json::array();
+    for (auto const& r : reports) out_json["batches"].push_back(specdec::engine::bench_json(r));
+    out_json["draft_steps_plan"] = specdec::engine::bench_plan_json(plan);
+  }
   if (!bf.json.empty()) {
     std::ofstream out(bf.json, std::ios::binary | std::ios::trunc);
-    out << specdec::engine::bench_json(report).dump(2) << "\n";
+    out << out_json.dump(2) << "\n";
     out.close();
     if (!out) return finish(Status::InvalidArgument("--json " + bf.json + ": cannot write"));
   }
   // Greedy speculation is lossless: token for token on the CPU; on CUDA a near-tie may round
   // differently in a verify of N rows (spec_engine.hpp), so a difference is reported, not failed.
   std::string differing;
-  for (specdec::engine::BenchRow const& row : report.rows) {
-    if (row.prompts_differing == 0) continue;
-    differing += (differing.empty() ? "" : ", ") + row.name + " on " +
-                 std::to_string(row.prompts_differing) + " of " + std::to_string(bf.count) +
-                 " prompts";
+  for (specdec::engine::BenchReport const& report : reports) {
+    for (specdec::engine::BenchRow const& row : report.rows) {
+      if (row.prompts_differing == 0) continue;
+      differing += (differing.empty() ? "" : ", ") + row.name + " at batch " +
+                   std::to_string(report.setup.batch) + " on " +
+                   std::to_string(row.prompts_differing) + " of " + std::to_string(bf.count) +
+                   " prompts";
+    }
   }
   if (differing.empty()) return 0;
   if (g.device == "cuda") {

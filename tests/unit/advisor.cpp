@@ -18,6 +18,7 @@ namespace {
 using specdec::SpecConfig;
 using specdec::StatusCode;
 using specdec::engine::Advice;
+using specdec::testing::check_error;
 using specdec::engine::Candidate;
 using specdec::engine::CostCurve;
 using specdec::engine::expected_accept_length;
@@ -253,4 +254,78 @@ TEST_CASE("advisor: costs_from_runs turns measured runs into step costs and cand
   bad = {runs[0], {config("NGRAM", 2, 1, 3), SpecMetrics{}}};
   check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
               StatusCode::kInvalidArgument, {"NGRAM", "made no verify"});
+}
+
+// plan_draft_steps against step costs computed by hand at two batch sizes for a chain of 3
+// (acceptance 0.8, 0.6, 0.4): alone, the whole chain wins; at batch 16 every depth loses to plain
+// decoding; at batch 4 one step is best. Then a top-4 tree cut to 1 step verifies 5 nodes.
+TEST_CASE("advisor: plan_draft_steps chooses the depth per batch size from costs by hand") {
+  using specdec::engine::DraftStepsPlan;
+  using specdec::engine::DraftStepsRule;
+  auto costs = [](double plain, double verify4, double draft, double overhead) {
+    StepCosts c;
+    c.plain_step_s = plain;
+    c.verify.points = {{1, plain}, {4, verify4}};
+    c.draft_step.points = {{1, draft}};
+    c.overhead_s = overhead;
+    return c;
+  };
+  // Batch 1: d tokens/s = (1 + sum p) / (d * 0.1 + verify(d + 1) + 0.05), verify(n) = 1 +
+  // 0.1 (n - 1) / 3: d=1 1.8/1.183, d=2 2.4/1.317, d=3 2.8/1.45 = 1.931 (the best); plain 1.
+  // Batch 4: plain 0.9, verify(n) = 0.9 + 1.6 (n - 1) / 3, draft 0.4, overhead 0.1: d=1 0.931,
+  // d=2 1.014, d=3 0.737, plain 1 / 0.9 = 1.111 wins. Batch 16: every depth below 0.67.
+  std::vector<std::pair<int, StepCosts>> const by_batch{
+      {1, costs(1.0, 1.1, 0.1, 0.05)}, {4, costs(0.9, 2.5, 0.4, 0.1)},
+      {16, costs(1.0, 4.0, 0.5, 0.2)}};
+  Candidate chain{config("EAGLE3", 3, 1, 4), {0.8, 0.6, 0.4}};
+  DraftStepsPlan plan;
+  REQUIRE(specdec::engine::plan_draft_steps(by_batch, chain, &plan).ok());
+  CHECK(plan.rules == std::vector<DraftStepsRule>{{1, 3}, {4, 0}});
+  REQUIRE(plan.chosen.size() == 3);
+  CHECK(plan.chosen[0].second.tokens_per_s == doctest::Approx(2.8 / 1.45));
+  CHECK(plan.chosen[1].second.config.num_steps == 0);
+  CHECK(plan.chosen[1].second.tokens_per_s == doctest::Approx(1 / 0.9));
+  // Batch 4 with a cheaper verify: 1 step pays (1.8 / (0.4 + 1.0 + 0.5 / 3 + 0.1) = 1.08 > 1.0)
+  // and 2 steps do not (2.4 / (0.8 + 1.0 + 1.0 / 3 + 0.1) = 1.075 < 1.08).
+  std::vector<std::pair<int, StepCosts>> const cheaper{{1, costs(1.0, 1.1, 0.1, 0.05)},
+                                                      {4, costs(1.0, 1.5, 0.4, 0.1)}};
+  REQUIRE(specdec::engine::plan_draft_steps(cheaper, chain, &plan).ok());
+  CHECK(plan.rules == std::vector<DraftStepsRule>{{1, 3}, {4, 1}});
+  CHECK(plan.chosen[1].second.tokens_per_s == doctest::Approx(1.8 / (0.4 + 1.0 + 0.5 / 3 + 0.1)));
+  // A top-4 tree of 3 steps and 8 nodes cut to 1 step verifies 1 + 4 nodes; its acceptance is
+  // taken to that depth only.
+  CHECK(specdec::engine::draft_nodes_at(4, 3, 8, 1) == 5);
+  CHECK(specdec::engine::draft_nodes_at(4, 3, 8, 2) == 8);
+  CHECK(specdec::engine::draft_nodes_at(1, 3, 4, 2) == 3);
+  CHECK(specdec::engine::draft_nodes_at(4, 3, 8, 0) == 1);
+  Candidate tree{config("EAGLE3", 3, 4, 8), {0.9, 0.7, 0.5}};
+  std::vector<std::pair<int, StepCosts>> const one{{1, costs(1.0, 1.3, 0.5, 0.0)}};
+  REQUIRE(specdec::engine::plan_draft_steps(one, tree, &plan).ok());
+  // d=1: 1.9 / (0.5 + verify(5) = 1.4) = 1.0; d=2: 2.6 / (1.0 + verify(8) = 1.7) = 0.963;
+  // d=3: 3.1 / (1.5 + 1.7) = 0.969; plain 1.0: ties go to the shallower (plain).
+  CHECK(plan.rules == std::vector<DraftStepsRule>{{1, 0}});
+
+  check_error(specdec::engine::plan_draft_steps({}, chain, &plan), StatusCode::kInvalidArgument,
+              {"plan_draft_steps", "no batch size"});
+  std::vector<std::pair<int, StepCosts>> const down{{4, costs(1.0, 1.1, 0.1, 0.05)},
+                                                   {2, costs(1.0, 1.1, 0.1, 0.05)}};
+  check_error(specdec::engine::plan_draft_steps(down, chain, &plan), StatusCode::kInvalidArgument,
+              {"plan_draft_steps", "increase"});
+  check_error(specdec::engine::plan_draft_steps(one, Candidate{config("NONE", 0, 0, 1), {}}, &plan),
+              StatusCode::kInvalidArgument, {"plan_draft_steps", "no depth to plan"});
+}
+
+TEST_CASE("draft steps by batch: text form both ways, and bad text named") {
+  using specdec::engine::DraftStepsRule;
+  std::vector<DraftStepsRule> rules;
+  REQUIRE(specdec::engine::parse_draft_steps("1:3,8:1,32:0", &rules).ok());
+  CHECK(rules == std::vector<DraftStepsRule>{{1, 3}, {8, 1}, {32, 0}});
+  CHECK(specdec::engine::format_draft_steps(rules) == "1:3,8:1,32:0");
+  REQUIRE(specdec::engine::parse_draft_steps("", &rules).ok());
+  CHECK(rules.empty());
+  for (char const* bad : {"1:3,", "1-3", "a:1", "1:", "1:-2", "1:3,,2:1"}) {
+    CAPTURE(bad);
+    check_error(specdec::engine::parse_draft_steps(bad, &rules), StatusCode::kInvalidArgument,
+                {"draft steps by batch"});
+  }
 }

@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -131,6 +132,91 @@ TEST_CASE("session: requests joining and leaving between steps keep their greedy
   check_staggered<EG<Chain<2>>>(1000, 8);
   check_staggered<NG<Chain<3>>>(1000, 8);
   check_staggered<NG<TreeShape<2, 2, 4>>>(1000, 2);
+}
+
+// EngineOptions::draft_steps_by_batch: the eight requests admitted at once, so the batch only
+// shrinks as they finish; each step drafts the rule's steps for its batch size (the session says
+// which, and an EAGLE request's proposed drafts add up to draft_nodes(steps) - 1 per verify:
+// none when nothing is drafted), and every output stays the one of the request alone. The steps
+// must take `distinct` values over the run (the batch crossed the rules).
+template <class P>
+void check_draft_steps_by_batch(std::vector<engine::DraftStepsRule> const& rules,
+                                std::vector<int> const& want_steps_at /* [batch] */,
+                                size_t distinct) {
+  using Engine = SpecEngine<P, CpuExecutor>;
+  CAPTURE(describe<P>());
+  auto const requests = workload();
+  auto const want = alone<P>(requests);
+  engine::EngineOptions eo;
+  eo.draft_steps_by_batch = rules;
+  Engine e;
+  Status s = Engine::create(&models().target, draft_for<P>(), eo, &e);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  typename Engine::Session session(e);
+  SessionOptions o;
+  o.max_running = 8;
+  o.num_pages = 40;
+  o.max_request_tokens = 64;
+  o.max_prefill_tokens = 1000;
+  REQUIRE(session.open(o).ok());
+  for (size_t r = 0; r < requests.size(); ++r) {
+    REQUIRE(session.admit(static_cast<int64_t>(r), requests[r], 0).ok());
+  }
+  std::map<int64_t, std::vector<int32_t>> got;
+  std::map<int64_t, int64_t> proposed;  // each request's expected proposed drafts
+  std::set<int> seen;
+  std::vector<StepEvent> events;
+  for (int step = 0; !session.idle(); ++step) {
+    REQUIRE(step < 200);
+    int const batch = session.running();  // all decode: prompts prefill whole in step 0
+    events.clear();
+    s = session.step(&events);
+    REQUIRE_MESSAGE(s.ok(), s.to_string());
+    int const steps = want_steps_at[static_cast<size_t>(batch)];
+    CAPTURE(batch);
+    CHECK(session.draft_steps() == steps);
+    seen.insert(steps);
+    for (StepEvent const& ev : events) {
+      got[ev.id].insert(got[ev.id].end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.verified) proposed[ev.id] += Engine::draft_nodes(steps) - 1;
+      // (An n-gram lookup may propose fewer nodes than the tree has.)
+      if (ev.finished && Engine::kDraftsWithModel) CHECK(ev.metrics.proposed() == proposed[ev.id]);
+    }
+  }
+  CHECK(seen.size() == distinct);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<int64_t>(r)] == want[r].output_ids);
+  }
+}
+
+TEST_CASE("session: the engine drafts by batch size as draft_steps_by_batch says") {
+  // Chain of 3: 3 steps alone, 2 at batch 2-3, 1 at 4-5, none from 6 on.
+  check_draft_steps_by_batch<E3<Chain<3>>>({{2, 2}, {4, 1}, {6, 0}},
+                                           {-1, 3, 2, 2, 1, 1, 0, 0, 0}, 4);
+  // Top-4 tree of 3 steps and 8 nodes: 1 step (5 nodes) at batch 3-6, 2 steps (8) from 7 on.
+  check_draft_steps_by_batch<E3<TreeShape<4, 3, 8>>>({{3, 1}, {7, 2}},
+                                                     {-1, 3, 3, 1, 1, 1, 1, 2, 2}, 3);
+  check_draft_steps_by_batch<EG<Chain<2>>>({{5, 0}}, {-1, 2, 2, 2, 2, 0, 0, 0, 0}, 2);
+  check_draft_steps_by_batch<NG<Chain<3>>>({{4, 0}}, {-1, 3, 3, 3, 0, 0, 0, 0, 0}, 2);
+  check_draft_steps_by_batch<Plain>({{1, 0}}, {-1, 0, 0, 0, 0, 0, 0, 0, 0}, 1);
+}
+
+TEST_CASE("session: draft_steps_by_batch rules are checked by name") {
+  auto const bad = [](std::vector<engine::DraftStepsRule> rules, auto policy,
+                      std::vector<std::string> const& want) {
+    using P = decltype(policy);
+    engine::EngineOptions eo;
+    eo.draft_steps_by_batch = std::move(rules);
+    SpecEngine<P, CpuExecutor> e;
+    testing::check_error(SpecEngine<P, CpuExecutor>::create(&models().target, draft_for<P>(), eo,
+                                                            &e),
+                         StatusCode::kInvalidArgument, want);
+  };
+  bad({{2, 1}, {2, 0}}, E3<Chain<3>>{}, {"draft_steps_by_batch[1] = 2:0", "strictly increasing"});
+  bad({{0, 1}}, E3<Chain<3>>{}, {"draft_steps_by_batch[0] = 0:1", ">= 1"});
+  bad({{4, 4}}, E3<Chain<3>>{}, {"draft_steps_by_batch[0] = 4:4", "steps must be in [0, 3]"});
+  bad({{4, 2}}, NG<Chain<3>>{}, {"draft_steps_by_batch[0] = 4:2", "drafts all 3 steps or none"});
 }
 
 TEST_CASE("session: chunked prefill gives the output of whole prompts") {
@@ -300,6 +386,61 @@ TEST_CASE("scheduler: concurrent clients each get their output alone") {
   CHECK(st.generation_tokens == generated);
   CHECK(st.spec.verify_ct > 0);
   CHECK(st.accept_length.count == st.spec.verify_ct);
+}
+
+// The scheduler logs each change of the drafting depth (EngineOptions::draft_steps_by_batch):
+// one request decodes alone (the policy's 3 steps: nothing to log), its first tokens bring five
+// more (batch 6: nothing drafted), and as they finish the batch falls below 3 again.
+TEST_CASE("scheduler: the log says when the batch size changes how much is drafted") {
+  using P = E3<Chain<3>>;
+  using Engine = SpecEngine<P, CpuExecutor>;
+  engine::EngineOptions eo;
+  eo.draft_steps_by_batch = {{3, 0}};
+  Engine e;
+  Status st = Engine::create(&models().target, draft_for<P>(), eo, &e);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  engine::SchedulerOptions o;
+  o.session = SessionOptions{6, 40, 64, 64};
+  o.decode_log_interval = 0;
+  std::mutex mu;
+  std::vector<std::string> lines;
+  o.log = [&](std::string const& line) {
+    std::lock_guard lock(mu);
+    lines.push_back(line);
+  };
+  std::unique_ptr<Scheduler<Engine>> s;
+  st = Scheduler<Engine>::create(&e, o, {}, &s);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  auto const requests = workload();
+  std::vector<Client> more(5);
+  Client first;
+  bool once = true;
+  first.gate = [&] {
+    if (!std::exchange(once, false)) return;
+    for (size_t i = 0; i < more.size(); ++i) {
+      REQUIRE(s->submit(requests[i + 1], more[i].events(), nullptr).ok());
+    }
+  };
+  GenerationRequest const lead = testing::greedy_request(requests[0].prompt, 30);
+  REQUIRE(s->submit(lead, first.events(), nullptr).ok());
+  REQUIRE(first.wait());
+  for (Client& c : more) REQUIRE(c.wait());
+  wait_idle(*s);
+  std::lock_guard lock(mu);
+  std::vector<std::string> drafting;
+  for (std::string const& l : lines) {
+    if (l.find("drafting") != std::string::npos) drafting.push_back(l);
+  }
+  REQUIRE(drafting.size() >= 2);
+  CHECK(drafting[0].find("batch 6: drafting nothing (plain decoding)") != std::string::npos);
+  CHECK(drafting[0].find("--speculative-draft-steps-by-batch") != std::string::npos);
+  CHECK(drafting.back().find("drafting 3 of 3 steps (4 verified tokens)") != std::string::npos);
+  // Each line's batch size is on its side of the rule.
+  for (std::string const& l : drafting) {
+    CAPTURE(l);
+    int const batch = std::stoi(l.substr(l.find("batch ") + 6));
+    CHECK((l.find("drafting nothing") != std::string::npos) == (batch >= 3));
+  }
 }
 
 TEST_CASE("scheduler: a stop and a cancel free the request; a full queue and a huge request are refused") {

@@ -37,6 +37,18 @@
 //                                       overhead_s the speculative runs' build + commit + extend
 //                                       per verify, averaged; each candidate's acceptance its own
 //                                       run's per_position_accept
+//   plan_draft_steps(costs_by_batch, policy, &plan)
+//                                       the drafting depth by batch size for one tree (policy:
+//                                       its config and measured acceptance): at each measured
+//                                       batch size every depth d in [0, steps] predicted (d = 0
+//                                       plain decoding; else the tree cut to d steps, draft_
+//                                       nodes_at nodes, the policy's acceptance to depth d: exact
+//                                       for a chain, an estimate for a top-k tree, whose cut
+//                                       keeps other nodes than the full tree's first d levels), the
+//                                       fastest chosen (ties: the shallower); plan.rules the
+//                                       engine's EngineOptions::draft_steps_by_batch (a rule at
+//                                       the first batch size and wherever the choice changes),
+//                                       plan.chosen the prediction chosen at each batch size
 // A candidate's acceptance is a chain's (`per_position_accept` of any chain serves every chain
 // depth) or, for a top-k tree, the acceptance measured with that tree, to the depth measured
 // (its steps for an EAGLE tree; an n-gram tree's continuations reach nodes - 1 deep).
@@ -59,6 +71,7 @@
 #include <vector>
 
 #include "specdec/core/status.hpp"
+#include "specdec/engine/draft_steps.hpp"
 #include "specdec/engine/metrics.hpp"
 #include "specdec/policy/spec_policy.hpp"
 
@@ -280,6 +293,56 @@ inline Status costs_from_runs(std::span<MeasuredRun const> runs, StepCosts* cost
   c.overhead_s = overhead / speculative;
   *costs = std::move(c);
   *candidates = std::move(out);
+  return Status::Ok();
+}
+
+struct DraftStepsPlan {
+  std::vector<DraftStepsRule> rules;
+  std::vector<std::pair<int, Prediction>> chosen;  // (batch size, its chosen depth's prediction)
+};
+
+inline Status plan_draft_steps(std::span<std::pair<int, StepCosts> const> costs_by_batch,
+                               Candidate const& policy, DraftStepsPlan* out) {
+  if (out == nullptr) return Status::InvalidArgument("plan_draft_steps: out is null");
+  SpecConfig const& s = policy.config;
+  if (s.num_steps < 1) {
+    return Status::InvalidArgument("plan_draft_steps: " + describe(s) +
+                                   " drafts nothing: there is no depth to plan");
+  }
+  if (costs_by_batch.empty()) {
+    return Status::InvalidArgument("plan_draft_steps: no batch size measured");
+  }
+  DraftStepsPlan plan;
+  for (size_t i = 0; i < costs_by_batch.size(); ++i) {
+    auto const& [batch, costs] = costs_by_batch[i];
+    if (batch < 1 || (i > 0 && batch <= costs_by_batch[i - 1].first)) {
+      return Status::InvalidArgument("plan_draft_steps: batch sizes must be >= 1 and increase, "
+                                     "got " + std::to_string(batch));
+    }
+    Prediction best;
+    int best_depth = -1;
+    for (int d = 0; d <= s.num_steps; ++d) {
+      Candidate c = policy;
+      c.config.num_steps = d;
+      c.config.num_draft_tokens = draft_nodes_at(s.eagle_topk, s.num_steps, s.num_draft_tokens, d);
+      if (d == 0) c.config.eagle_topk = 0;
+      if (c.per_position_accept.size() > static_cast<size_t>(d)) {
+        c.per_position_accept.resize(static_cast<size_t>(d));
+      }
+      Prediction p;
+      SPECDEC_RETURN_IF_ERROR(predict(costs, c, &p).prefixed("at batch " + std::to_string(batch) +
+                                                            ": "));
+      if (best_depth < 0 || p.tokens_per_s > best.tokens_per_s) {
+        best = p;
+        best_depth = d;
+      }
+    }
+    plan.chosen.emplace_back(batch, best);
+    if (plan.rules.empty() || plan.rules.back().steps != best_depth) {
+      plan.rules.push_back(DraftStepsRule{batch, best_depth});
+    }
+  }
+  *out = std::move(plan);
   return Status::Ok();
 }
 

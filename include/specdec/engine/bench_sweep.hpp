@@ -22,6 +22,14 @@
 //       a prediction is the batch's aggregate rate). report.choice: the advisor's best, or 0
 //       (plain) when none is predicted to gain; report.measured_best: the highest measured
 //       decode_tokens_per_s; choice_vs_best = choice's / best's; within 5 percent: >= 0.95
+//   plan_bench(reports [batch sizes, increasing], &plan)
+//                            the configuration the advisor chose at the smallest batch size
+//                            (plan.planned false when it chose plain decoding), its drafting
+//                            depth per batch size (plan_draft_steps over each report's costs):
+//                            plan.summary names the serve flag, "--speculative-draft-steps-by-
+//                            batch 1:3,4:0"; bench_plan_json(plan) its JSON {planned, config,
+//                            draft_steps_by_batch, by_batch [{batch, steps, draft_tokens,
+//                            predicted_speedup, predicted_accept_length}], summary}
 //   bench_table(report)      (a summarize_bench report) markdown: config | accept length |
 //                            per-position | decode tok/s | speedup | efficiency | predicted
 //                            tok/s, one row per configuration
@@ -100,6 +108,16 @@ struct BenchReport {
   bool choice_within_5_percent = true;
   bool speculating = false;  // the advisor chose a speculative configuration
   std::string summary;       // the advisor's line
+  StepCosts costs;           // costs_from_runs of the runs (at setup.batch)
+  std::vector<Candidate> candidates;  // in the rows' order
+};
+
+// A sweep at several batch sizes (bench --batch 1,4,16): the drafting plan of one configuration.
+struct BenchPlan {
+  bool planned = false;   // false: the advisor chose plain decoding at the smallest batch
+  SpecConfig config;      // the configuration planned: the advisor's choice at the smallest batch
+  DraftStepsPlan plan;    // its depth per batch size (plan_draft_steps)
+  std::string summary;    // one line for the log
 };
 
 inline std::string bench_name(SpecConfig const& c) {
@@ -178,6 +196,8 @@ inline Status summarize_bench(BenchSetup const& setup, std::span<BenchRun const>
   r.speculating = advice.use;
   r.choice = advice.use ? advice.best : 0;
   r.summary = advice.summary;
+  r.costs = costs;
+  r.candidates = candidates;
   for (size_t i = 1; i < r.rows.size(); ++i) {
     if (r.rows[i].decode_tokens_per_s > r.rows[static_cast<size_t>(r.measured_best)]
                                             .decode_tokens_per_s) {
@@ -189,6 +209,53 @@ inline Status summarize_bench(BenchSetup const& setup, std::span<BenchRun const>
   r.choice_within_5_percent = r.choice_vs_best >= 0.95;
   *out = std::move(r);
   return Status::Ok();
+}
+
+inline Status plan_bench(std::span<BenchReport const> reports, BenchPlan* out) {
+  if (out == nullptr) return Status::InvalidArgument("plan_bench: out is null");
+  if (reports.empty()) return Status::InvalidArgument("plan_bench: no reports");
+  BenchPlan p;
+  BenchReport const& first = reports[0];
+  if (!first.speculating) {
+    p.summary = "no drafting plan: the advisor chose plain decoding at the smallest batch (" +
+                std::to_string(first.setup.batch) + ")";
+    *out = std::move(p);
+    return Status::Ok();
+  }
+  Candidate const& chosen = first.candidates.at(static_cast<size_t>(first.choice));
+  std::vector<std::pair<int, StepCosts>> by_batch;
+  for (BenchReport const& r : reports) by_batch.emplace_back(r.setup.batch, r.costs);
+  SPECDEC_RETURN_IF_ERROR(plan_draft_steps(by_batch, chosen, &p.plan));
+  p.planned = true;
+  p.config = chosen.config;
+  p.summary = "drafting plan for " + bench_name(p.config) +
+              ": --speculative-draft-steps-by-batch " + format_draft_steps(p.plan.rules) + " (";
+  for (size_t i = 0; i < p.plan.chosen.size(); ++i) {
+    auto const& [batch, pred] = p.plan.chosen[i];
+    char part[96];
+    std::snprintf(part, sizeof part, "%sbatch %d: %d steps, predicted %.3fx", i ? "; " : "",
+                  batch, pred.config.num_steps, pred.speedup);
+    p.summary += part;
+  }
+  p.summary += ")";
+  *out = std::move(p);
+  return Status::Ok();
+}
+
+inline nlohmann::json bench_plan_json(BenchPlan const& p) {
+  nlohmann::json chosen = nlohmann::json::array();
+  for (auto const& [batch, pred] : p.plan.chosen) {
+    chosen.push_back({{"batch", batch},
+                      {"steps", pred.config.num_steps},
+                      {"draft_tokens", pred.config.num_draft_tokens},
+                      {"predicted_speedup", pred.speedup},
+                      {"predicted_accept_length", pred.accept_length}});
+  }
+  return {{"planned", p.planned},
+          {"config", p.planned ? bench_name(p.config) : "NONE"},
+          {"draft_steps_by_batch", format_draft_steps(p.plan.rules)},
+          {"by_batch", std::move(chosen)},
+          {"summary", p.summary}};
 }
 
 inline std::string bench_table(BenchReport const& r) {

@@ -19,7 +19,9 @@
 //   4. the step's tokens go to each request's on_tokens, finished requests to on_finish (both
 //      called on the worker thread, outside the scheduler's lock: they may call cancel());
 //      counters, gauges and histograms update; every decode_log_interval speculative steps one
-//      line in SGLang's format (serve/metrics_text.hpp) goes to options.log
+//      line in SGLang's format (serve/metrics_text.hpp) goes to options.log, and one line
+//      whenever the step's drafting depth changes (EngineOptions::draft_steps_by_batch: "batch
+//      8: drafting nothing (plain decoding), ...")
 // Tensor parallel (one process): every rank's session sees the same admits, cancels and steps
 // through a LockstepChannel (engine/lockstep.hpp); this scheduler runs on rank 0.
 // A request too large for the session (max_request_tokens) or invalid is refused at submit with
@@ -251,6 +253,7 @@ class Scheduler final : public ServingBackend {
     if (options_.on_worker_start) options_.on_worker_start();
     std::vector<StepEvent> events;
     ServingStats at_last_log;
+    int logged_draft_steps = Engine::kSteps;  // the policy's, which the startup line gives
     auto last_log = Clock::now();
     int64_t decode_steps = 0;
     for (;;) {
@@ -336,11 +339,17 @@ class Scheduler final : public ServingBackend {
       // them), then tokens and finished requests.
       bool decoded = false;
       int64_t new_tokens = 0;
+      int batch = 0;
       for (StepEvent const& ev : events) {
         decoded = decoded || ev.verified;
+        batch += ev.verified ? 1 : 0;
         if (running_.count(static_cast<uint64_t>(ev.id))) {
           new_tokens += static_cast<int64_t>(ev.tokens.size());
         }
+      }
+      if (decoded && session_.draft_steps() != logged_draft_steps) {
+        logged_draft_steps = session_.draft_steps();
+        log(draft_steps_line(batch, logged_draft_steps));
       }
       SpecMetrics const& after = session_.totals();
       {
@@ -404,6 +413,17 @@ class Scheduler final : public ServingBackend {
       }
     }
     update_gauges();
+  }
+
+  // The line a change of the drafting depth logs (EngineOptions::draft_steps_by_batch).
+  static std::string draft_steps_line(int batch, int steps) {
+    std::string const what =
+        steps == 0 ? "drafting nothing (plain decoding)"
+                   : "drafting " + std::to_string(steps) + " of " +
+                         std::to_string(Engine::kSteps) + " steps (" +
+                         std::to_string(Engine::draft_nodes(steps)) + " verified tokens)";
+    return "specdec: batch " + std::to_string(batch) + ": " + what +
+           ", as the draft steps by batch size say (--speculative-draft-steps-by-batch)";
   }
 
   // The session's gauges into the stats (worker thread).

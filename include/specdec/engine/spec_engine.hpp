@@ -83,6 +83,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -92,6 +93,7 @@
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
 #include "specdec/engine/batch.hpp"
+#include "specdec/engine/draft_steps.hpp"
 #include "specdec/engine/metrics.hpp"
 #include "specdec/engine/serving.hpp"
 #include "specdec/engine/target_cpu.hpp"
@@ -123,6 +125,15 @@ struct EngineOptions {
   int page_size = 16;   // target MLA cache page, in tokens
   int ngram_min_n = 1;  // NGRAM: shortest suffix matched
   int ngram_max_n = 4;  // NGRAM: longest suffix matched
+  // Drafting by batch size: rule i holds from its from_batch (strictly increasing, >= 1) up to
+  // the next rule's; below the first rule, and with none, the policy's kSteps. steps 0: nothing
+  // is drafted (the root alone is verified, plain decoding through the same loop; an EAGLE
+  // draft still extends over the committed tokens, so that it can resume); 0 < steps <
+  // kSteps (EAGLE3 / EAGLE): a shallower tree of the policy's topk, draft_nodes(steps) nodes.
+  // NGRAM and NONE take steps 0 or kSteps only. engine/advisor.hpp's plan_draft_steps makes
+  // the rules from measured costs; format_draft_steps / parse_draft_steps write and read them
+  // as "1:3,8:1,32:0".
+  std::vector<DraftStepsRule> draft_steps_by_batch;
 };
 
 // A session (SpecEngine::Session): the running batch's capacity, fixed when it opens.
@@ -364,9 +375,17 @@ class CudaDraftRun {
     return cache.free_request(id);
   }
 
+  // `steps` (1 .. the policy's) draft steps and `nodes` nodes (<= the policy's).
   Status propose(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
-                 std::vector<int32_t>* tokens, std::vector<int32_t>* parents) {
-    int const B = static_cast<int>(ids.size()), N = nodes_;
+                 int steps, int nodes, std::vector<int32_t>* tokens,
+                 std::vector<int32_t>* parents) {
+    int const B = static_cast<int>(ids.size()), N = nodes;
+    if (steps < 1 || steps > steps_ || nodes < 2 || nodes > nodes_) {
+      return Status::Internal("SpecEngine (cuda): a proposal of " + std::to_string(steps) +
+                              " steps and " + std::to_string(nodes) + " nodes is outside the " +
+                              "session's " + std::to_string(steps_) + " and " +
+                              std::to_string(nodes_));
+    }
     size_t const BN = static_cast<size_t>(B) * N;
     cudaStream_t const stream = exec_.stream;
     std::vector<int64_t> slots;
@@ -383,17 +402,17 @@ class CudaDraftRun {
       inputs_host_[static_cast<size_t>(B) + b] = static_cast<int32_t>(cache.find(ids[b])->length);
       inputs_host_[static_cast<size_t>(2 * B) + b] = roots[b];
     }
-    if (steps_ > 1) {
-      SPECDEC_RETURN_IF_ERROR(
-          model::eagle::check_draft_tree(*model_, cache, ids, steps_, topk_));
+    if (steps > 1) {
+      SPECDEC_RETURN_IF_ERROR(model::eagle::check_draft_tree(*model_, cache, ids, steps, topk_));
     }
     int64_t* d_slots = nullptr;
     int32_t* d_inputs = nullptr;
     SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
     SPECDEC_RETURN_IF_ERROR(inputs_.put(inputs_host_, stream, &d_inputs));
-    ProposalShape const shape{B, model_->scratch_generation()};
+    ProposalShape const shape{B, steps, nodes, model_->scratch_generation()};
     int64_t const replays = graphs_.replays();
-    SPECDEC_RETURN_IF_ERROR(graphs_.run(shape, stream, [&] { return enqueue_proposal(ids); }));
+    SPECDEC_RETURN_IF_ERROR(
+        graphs_.run(shape, stream, [&] { return enqueue_proposal(ids, steps, nodes); }));
     model_->graph_replays += graphs_.replays() - replays;
     // One read-back: [tokens BN | parents BN | status B | the draft's error record].
     std::vector<int32_t> results(2 * BN + static_cast<size_t>(B) + kErrorRecord);
@@ -419,10 +438,10 @@ class CudaDraftRun {
  private:
   static constexpr size_t kErrorRecord = 4;  // int32 words of the draft's device error record
 
-  // What a captured proposal bakes in besides the session's fixed buffers: the batch size and
-  // where the draft's scratch lives.
+  // What a captured proposal bakes in besides the session's fixed buffers: the batch size, the
+  // tree's steps and nodes, where the draft's scratch lives.
   struct ProposalShape {
-    int batch = 0;
+    int batch = 0, steps = 0, nodes = 0;
     uint64_t scratch_generation = 0;
     bool operator==(ProposalShape const&) const = default;
   };
@@ -442,8 +461,8 @@ class CudaDraftRun {
   // on the K frontier tokens (each branch continuing next_branch of the step before, on the
   // device) and draft_expand; draft_finalize into results_ (tokens, parents, status), and the
   // draft's error record beside them.
-  Status enqueue_proposal(std::span<model::kimi::RequestId const> ids) {
-    int const B = static_cast<int>(ids.size()), K = topk_, S = steps_, N = nodes_;
+  Status enqueue_proposal(std::span<model::kimi::RequestId const> ids, int steps, int nodes) {
+    int const B = static_cast<int>(ids.size()), K = topk_, S = steps, N = nodes;
     int64_t const Vd = model_->draft_vocab();
     size_t const BK = static_cast<size_t>(B) * K;
     cudaStream_t const stream = exec_.stream;
@@ -567,6 +586,37 @@ class SpecEngine {
   // The draft runs on the host (CpuExecutor) or on the device (CudaExecutor).
   static constexpr bool kHostDraft = std::is_same_v<Exec, CpuExecutor>;
 
+  // Nodes of a proposal of `steps` draft steps (draft_nodes_at for the policy's tree).
+  static int draft_nodes(int steps) { return draft_nodes_at(kTopK, kSteps, kNodes, steps); }
+  // The rules' checks (EngineOptions::draft_steps_by_batch).
+  static Status check_draft_steps(std::span<DraftStepsRule const> rules) {
+    for (size_t i = 0; i < rules.size(); ++i) {
+      DraftStepsRule const& r = rules[i];
+      std::string const at = "draft_steps_by_batch[" + std::to_string(i) + "] = " +
+                             std::to_string(r.from_batch) + ":" + std::to_string(r.steps) + ": ";
+      if (r.from_batch < 1 || (i > 0 && r.from_batch <= rules[i - 1].from_batch)) {
+        return Status::InvalidArgument(at + "batch sizes must be >= 1 and strictly increasing");
+      }
+      if (r.steps < 0 || r.steps > kSteps) {
+        return Status::InvalidArgument(at + "steps must be in [0, " + std::to_string(kSteps) +
+                                       "], the policy's " + describe<P>());
+      }
+      if (!kDraftsWithModel && r.steps != 0 && r.steps != kSteps) {
+        return Status::InvalidArgument(at + std::string(P::kName) + " drafts all " +
+                                       std::to_string(kSteps) + " steps or none (0)");
+      }
+    }
+    return Status::Ok();
+  }
+  // Draft steps at a step of `batch` decoding requests.
+  int draft_steps_at(int batch) const {
+    int steps = kSteps;
+    for (DraftStepsRule const& r : options_.draft_steps_by_batch) {
+      if (r.from_batch <= batch) steps = r.steps;
+    }
+    return steps;
+  }
+
   static Status create(TargetModel* target, DraftModel* draft, EngineOptions const& options,
                        SpecEngine* out, Exec exec = Exec{}) {
     std::string const fn = "SpecEngine<" + describe<P>() + ">::create: ";
@@ -624,6 +674,7 @@ class SpecEngine {
       return bad("n-gram sizes min " + std::to_string(options.ngram_min_n) + " max " +
                  std::to_string(options.ngram_max_n) + ": need 1 <= min <= max");
     }
+    SPECDEC_RETURN_IF_ERROR(check_draft_steps(options.draft_steps_by_batch).prefixed(fn));
     out->target_ = target;
     out->draft_ = draft;
     out->options_ = options;
@@ -765,6 +816,9 @@ class SpecEngine {
     // Requests admitted and not finished (prefilling or decoding).
     int running() const { return static_cast<int>(slots_.size()); }
     bool idle() const { return slots_.empty(); }
+    // Draft steps of the last speculative step (EngineOptions::draft_steps_by_batch at its
+    // batch size; -1 before the first).
+    int draft_steps() const { return draft_steps_; }
     bool has_request(RequestId id) const { return slots_.count(id) != 0; }
     int free_pages() { return target_.table().free_pages(); }
     int num_pages() const { return options_.num_pages; }
@@ -1041,14 +1095,22 @@ class SpecEngine {
         return Status::Ok();
       }
     }
-    // Propose for the batch: tokens / parents [B, N], node_count [B].
-    Status propose(std::span<RequestId const> batch, std::vector<int32_t>* tokens,
+    // Propose for the batch with `steps` draft steps (draft_steps_at): tokens / parents
+    // [B, kNodes], node_count [B].
+    Status propose(std::span<RequestId const> batch, int steps, std::vector<int32_t>* tokens,
                    std::vector<int32_t>* parents, std::vector<int32_t>* node_count) {
       int const B = static_cast<int>(batch.size());
       size_t const BN = static_cast<size_t>(B) * kNodes;
       tokens->assign(BN, -1);
       parents->assign(BN, -1);
       node_count->assign(static_cast<size_t>(B), kNodes);
+      if (steps == 0) {  // the root alone
+        for (int b = 0; b < B; ++b) {
+          (*tokens)[static_cast<size_t>(b) * kNodes] = slot(batch[b]).history.back();
+          (*node_count)[static_cast<size_t>(b)] = 1;
+        }
+        return Status::Ok();
+      }
       if constexpr (kKind == DraftKind::kNone) {
         for (int b = 0; b < B; ++b) {
           (*tokens)[static_cast<size_t>(b) * kNodes] =
@@ -1077,21 +1139,37 @@ class SpecEngine {
         p.out_parents = parents->data();
         p.out_node_count = node_count->data();
         return ops::ngram_lookup(CpuExecutor{}, p);
-      } else if constexpr (kDraftsWithModel && !kHostDraft) {
-        std::vector<int32_t> roots(static_cast<size_t>(B));
-        for (int b = 0; b < B; ++b)
-          roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
-        return draft_.propose(batch, roots, tokens, parents);
       } else if constexpr (kDraftsWithModel) {
-        return propose_with_draft(batch, tokens, parents);
+        // The draft's proposal [B, n], n = draft_nodes(steps), at stride kNodes.
+        int const n = draft_nodes(steps);
+        if constexpr (kHostDraft) {
+          SPECDEC_RETURN_IF_ERROR(propose_with_draft(batch, steps, n, tokens, parents));
+        } else {
+          std::vector<int32_t> roots(static_cast<size_t>(B));
+          for (int b = 0; b < B; ++b)
+            roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
+          SPECDEC_RETURN_IF_ERROR(draft_.propose(batch, roots, steps, n, tokens, parents));
+        }
+        tokens->resize(BN, -1);
+        parents->resize(BN, -1);
+        for (int b = B - 1; b > 0 && n < kNodes; --b) {  // back to front: rows only move right
+          std::copy_backward(tokens->begin() + int64_t{b} * n, tokens->begin() + int64_t{b + 1} * n,
+                             tokens->begin() + int64_t{b} * kNodes + n);
+          std::copy_backward(parents->begin() + int64_t{b} * n,
+                             parents->begin() + int64_t{b + 1} * n,
+                             parents->begin() + int64_t{b} * kNodes + n);
+        }
+        node_count->assign(static_cast<size_t>(B), n);
+        return Status::Ok();
       } else {
         return Status::Unsupported("SpecEngine: no proposer for " + std::string(P::kName));
       }
     }
 
-    Status propose_with_draft(std::span<RequestId const> batch, std::vector<int32_t>* tokens,
-                              std::vector<int32_t>* parents) {
-      int const B = static_cast<int>(batch.size()), K = kTopK, S = kSteps;
+    // The draft's proposal of `steps` steps and `nodes` nodes: tokens / parents [B, nodes].
+    Status propose_with_draft(std::span<RequestId const> batch, int steps, int nodes,
+                              std::vector<int32_t>* tokens, std::vector<int32_t>* parents) {
+      int const B = static_cast<int>(batch.size()), K = kTopK, S = steps;
       int64_t const H = e_.draft_->hidden(), Vd = e_.draft_->draft_vocab();
       int const C = ops::draft_candidate_count(K, S);
       std::vector<int32_t> cand_tokens(static_cast<size_t>(B) * C),
@@ -1147,11 +1225,13 @@ class SpecEngine {
         SPECDEC_RETURN_IF_ERROR(ops::draft_expand(CpuExecutor{}, x));
       }
       std::vector<int32_t> roots(static_cast<size_t>(B)),
-          node_slot(static_cast<size_t>(B) * kNodes), status(static_cast<size_t>(B));
+          node_slot(static_cast<size_t>(B) * nodes), status(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b)
         roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
+      tokens->assign(static_cast<size_t>(B) * nodes, -1);
+      parents->assign(static_cast<size_t>(B) * nodes, -1);
       ops::DraftFinalizeParams const f = buffers.finalize(
-          roots.data(), kNodes, tokens->data(), parents->data(), node_slot.data(), status.data());
+          roots.data(), nodes, tokens->data(), parents->data(), node_slot.data(), status.data());
       SPECDEC_RETURN_IF_ERROR(ops::draft_finalize(CpuExecutor{}, f));
       for (int b = 0; b < B; ++b) {
         if (status[static_cast<size_t>(b)] != ops::kDraftSelectOk) {
@@ -1172,10 +1252,11 @@ class SpecEngine {
       BatchSampling s;
       detail::fill_sampling<Slot>(slots_of(batch), &s);
 
-      // 1. Propose.
+      // 1. Propose (draft_steps_at(B) steps).
       auto t = detail::Clock::now();
+      draft_steps_ = e_.draft_steps_at(B);
       std::vector<int32_t> tokens, parents, node_count;
-      SPECDEC_RETURN_IF_ERROR(propose(batch, &tokens, &parents, &node_count));
+      SPECDEC_RETURN_IF_ERROR(propose(batch, draft_steps_, &tokens, &parents, &node_count));
       // The step verifies N = the batch's largest proposal (an n-gram lookup may propose fewer
       // than kNodes, down to the root alone): [B, kNodes] -> [B, N].
       int const N = *std::max_element(node_count.begin(), node_count.end());
@@ -1315,6 +1396,7 @@ class SpecEngine {
     typename detail::DraftFor<Exec>::Run draft_;     // EAGLE3 / EAGLE: cache, last extend rows
     std::map<RequestId, Slot> slots_;                // the running requests
     std::vector<RequestId> prefilling_, decoding_;   // in admission order
+    int draft_steps_ = -1;                           // of the last speculative step
     SpecMetrics totals_;                             // see totals()
   };
 
