@@ -4,21 +4,23 @@
 #   tools/demo/device_train.sh DATA STAGE...
 #
 # DATA: what tools/demo/prepare_data.py wrote (data/, tokenizer/). Stages, in the order given:
-#   build   configure + build a CPU-only specdec-kimi into build-demo/ in the background (capture,
-#           generate and dequantize use it; later stages wait for it), from $DEMO_SOURCE (default:
-#           this checkout)
+#   build   configure + build specdec-kimi into build-demo/ in the background (capture, generate
+#           and dequantize use it; later stages wait for it), from $DEMO_SOURCE (default: this
+#           checkout): CPU-only, or for sm_90 with CAPTURE_DEVICE=cuda
 #   smoke   train_target.py for a few seconds into a scratch folder (every code path, export
 #           included, before the long run)
 #   target  tools/demo/train_target.py -> $OUT/target
 #   parity  our engine generates from the target ($DEMO_TARGET, else $OUT/target); the
 #           transformers parity fixture of it -> $OUT/hf_parity_demo.json
 #   draft   specdec-kimi capture over data/prompts_train.jsonl (the target from $DEMO_TARGET, else
-#           $OUT/target; CAPTURE_SHARDS processes) -> tools/demo/train_eagle3.py -> $OUT/draft
+#           $OUT/target; CAPTURE_SHARDS CPU processes, or with CAPTURE_DEVICE=cuda one process on
+#           the GPU, CAPTURE_BATCH requests at a time) -> tools/demo/train_eagle3.py -> $OUT/draft
 #   eval    tools/demo/eval_accept.py: held-out prompts, plain and EAGLE-3 chain 3, greedy ->
 #           $OUT/eval.json (same tokens required; accept length reported)
 # Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPTS (all),
-# CAPTURE_NEW_TOKENS (128), CAPTURE_SHARDS (nproc), DRAFT_SELF_TEST (1: train_eagle3.py
-# --self-test first), EVAL_PROMPTS (16), EVAL_NEW_TOKENS (96).
+# CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc, cpu),
+# CAPTURE_BATCH (64, cuda), DRAFT_SELF_TEST (1: train_eagle3.py --self-test first),
+# EVAL_PROMPTS (16), EVAL_NEW_TOKENS (96).
 # Logs go to $OUT/log.txt. Every stage fails loudly; nothing is skipped silently.
 set -euo pipefail
 DATA=${1:?usage: tools/demo/device_train.sh DATA STAGE...}
@@ -57,7 +59,12 @@ for stage in "$@"; do
   case $stage in
     build)
       say "build: CPU-only specdec-kimi in the background"
-      (cmake -S "${DEMO_SOURCE:-.}" -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECDEC_ENABLE_CUDA=OFF &&
+      if [[ ${CAPTURE_DEVICE:-cpu} == cuda ]]; then
+        cuda_flags=(-DSPECDEC_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+      else
+        cuda_flags=(-DSPECDEC_ENABLE_CUDA=OFF)
+      fi
+      (cmake -S "${DEMO_SOURCE:-.}" -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_flags[@]}" &&
          ninja -C $BUILD specdec-kimi) > "$LOGS/build.log" 2>&1 &
       echo $! > "$WORK/build.pid"
       ;;
@@ -92,10 +99,19 @@ for stage in "$@"; do
         head -n "$CAPTURE_PROMPTS" "$prompts" > "$WORK/prompts.jsonl"
         prompts=$WORK/prompts.jsonl
       fi
-      say "draft: capture over $(wc -l < "$prompts") prompts, $shards processes"
       rm -rf "$WORK/capture"
       mkdir -p "$WORK/capture"
       pids=()
+      if [[ ${CAPTURE_DEVICE:-cpu} == cuda ]]; then
+        shards=0
+        say "draft: capture over $(wc -l < "$prompts") prompts on the GPU, batch ${CAPTURE_BATCH:-64}"
+        $BIN capture --model-path "$TARGET" --prompts "$prompts" --layers 0,1,2 \
+          --max-new-tokens "${CAPTURE_NEW_TOKENS:-128}" --device cuda --batch "${CAPTURE_BATCH:-64}" \
+          --out "$WORK/capture/part_0.safetensors" > "$LOGS/capture_0.log" 2>&1 &
+        pids+=($!)
+      else
+        say "draft: capture over $(wc -l < "$prompts") prompts, $shards processes"
+      fi
       for ((i = 0; i < shards; ++i)); do
         $BIN capture --model-path "$TARGET" --prompts "$prompts" --layers 0,1,2 \
           --max-new-tokens "${CAPTURE_NEW_TOKENS:-128}" --shard "$i/$shards" \
@@ -105,7 +121,7 @@ for stage in "$@"; do
       for i in "${!pids[@]}"; do
         wait "${pids[$i]}" || { say "capture shard $i failed:"; cat "$LOGS/capture_$i.log"; exit 1; }
       done
-      cat "$LOGS"/capture_*.log | tail -n "$shards"
+      cat "$LOGS"/capture_*.log | tail -n "${#pids[@]}"
       say "draft: self-test, then training ${DRAFT_MINUTES:-3} min"
       if [[ ${DRAFT_SELF_TEST:-1} != 0 ]]; then
         python3 tools/demo/train_eagle3.py --self-test 2>&1 | tee "$LOGS/train_eagle3_selftest.log"
