@@ -271,6 +271,9 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
     for (GenerationRequest const& r : mixed_requests()) requests.push_back(r);
   }
   std::vector<GenerationResult> const want = testing::each_alone(e, requests);
+  // The scheduler's steps replay CUDA graphs (on its worker thread), and its stats say so.
+  models().gpu.graphs.set_capacity(16);
+  models().draft.step_graphs = 16;
   engine::SchedulerOptions o;
   o.session = engine::SessionOptions{3, 24, 64, 4};
   o.decode_log_interval = 0;
@@ -312,6 +315,9 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   }
   scheduler->shutdown(/*cancel_running=*/false);
   CHECK(scheduler->stats().kv_pages_used == 0);
+  CHECK(scheduler->stats().cuda_graph);  // the last decode step replayed a graph
+  models().gpu.graphs.set_capacity(0);
+  models().draft.step_graphs = 0;
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {

@@ -86,7 +86,6 @@ class Scheduler final : public ServingBackend {
     s->stats_.queue_capacity = s->options_.max_queued;
     s->stats_.kv_pages_total = s->options_.session.num_pages;
     s->stats_.page_size = engine->options().page_size;
-    s->stats_.cuda_graph = s->info_.cuda_graph;
     s->info_.max_running_requests = s->options_.session.max_running;
     s->info_.prefill_chunk = s->options_.session.max_prefill_tokens;
     s->worker_ = std::thread([p = s.get()] { p->loop(); });
@@ -323,6 +322,7 @@ class Scheduler final : public ServingBackend {
       }
       // 3. One step.
       SpecMetrics const before = session_.totals();
+      int64_t const replays_before = session_.graph_replays();
       Status const s = lockstep_ == nullptr
                            ? session_.step(&events)
                            : lockstep_->step_all([&] { return session_.step(&events); });
@@ -358,6 +358,7 @@ class Scheduler final : public ServingBackend {
         stats_.generation_tokens += new_tokens;
         stats_.spec = after;
         if (decoded) {
+          stats_.cuda_graph = session_.graph_replays() > replays_before;
           stats_.step_draft_s.observe(after.draft_s + after.build_s - before.draft_s -
                                       before.build_s);
           stats_.step_verify_s.observe(after.verify_s - before.verify_s);

@@ -130,7 +130,7 @@ struct ServingStats {
   Histogram accept_length;    // tokens committed per verify (per request), buckets 1..depth+1
   Histogram step_draft_s, step_verify_s, step_commit_s;  // per engine step, seconds
   Histogram time_to_first_token_s, time_per_output_token_s, e2e_request_s;
-  bool cuda_graph = false;    // whether the steps ran captured graphs
+  bool cuda_graph = false;    // whether the last decode step replayed a captured CUDA graph
 };
 
 // What /get_server_info and /v1/models report.

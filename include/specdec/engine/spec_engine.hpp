@@ -819,6 +819,13 @@ class SpecEngine {
     // Draft steps of the last speculative step (EngineOptions::draft_steps_by_batch at its
     // batch size; -1 before the first).
     int draft_steps() const { return draft_steps_; }
+    // Forwards and draft work replayed from CUDA graphs so far, by the target's and the draft's
+    // models (0 on the CPU executor): a step replayed one iff this grew.
+    int64_t graph_replays() const {
+      int64_t n = target_.graph_replays();
+      if constexpr (kDraftsWithModel && !kHostDraft) n += e_.draft_->graph_replays;
+      return n;
+    }
     bool has_request(RequestId id) const { return slots_.count(id) != 0; }
     int free_pages() { return target_.table().free_pages(); }
     int num_pages() const { return options_.num_pages; }

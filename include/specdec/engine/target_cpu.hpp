@@ -14,6 +14,7 @@
 // sample_rows / accept_commit read the argmax; otherwise, and on a whole-vocabulary target, the
 // logits.
 //   aux_rows(rows [R], &out [R, F])               the last forward's aux rows, on the host
+//   graph_replays()                               forwards replayed from CUDA graphs (0 here)
 #pragma once
 
 #include <cstdint>
@@ -110,6 +111,7 @@ class CpuTarget {
     return Status::Ok();
   }
 
+  int64_t graph_replays() const { return 0; }  // no graphs on the host
   int64_t aux_width() const {
     return tokens_ > 0 ? static_cast<int64_t>(aux_.size()) / tokens_ : 0;
   }

@@ -3,7 +3,8 @@
 // logits. The same calls as CpuTarget (engine/target_cpu.hpp), except for the aux rows; the arrays
 // they take and give are host arrays: the small per-step arrays (tree, links, sampling,
 // acceptance, page tables) are copied to the device on the executor's stream and the results read
-// back (the host waits once per call), while logits stay on the device. A vocabulary-sharded
+// back (the host waits once per call: accept_commit's upload, verify and kv_commit, read-back are
+// one round trip), while logits stay on the device. A vocabulary-sharded
 // target keeps only the argmax of an all-greedy batch, as CpuTarget does.
 //   gather_aux_rows(rows [R] host, &features)   the last forward's aux rows gathered ON THE
 //       DEVICE into a buffer of the target's [R, aux_width] (valid until the next gather; the
@@ -300,6 +301,8 @@ class CudaTarget {
   }
 
   int64_t aux_width() const { return out_.aux_width; }
+  // Forwards replayed from a CUDA graph so far (KimiCudaModel::graphs).
+  int64_t graph_replays() const { return model_->graphs.replays(); }
 
  private:
   model::kimi::LogitsMode logits_mode(bool all_greedy) const {

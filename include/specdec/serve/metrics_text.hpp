@@ -183,7 +183,7 @@ inline std::string prometheus_text(engine::ServingStats const& s, engine::Servin
           s.kv_tokens);
   w.gauge("specdec_token_usage", "KV cache pages used / total (0 when there are none).",
           detail::ratio(s.kv_pages_used, s.kv_pages_total));
-  w.gauge("specdec_cuda_graph", "1 when the engine steps run captured CUDA graphs, else 0.",
+  w.gauge("specdec_cuda_graph", "1 when the last decode step replayed a CUDA graph, else 0.",
           int64_t{s.cuda_graph ? 1 : 0});
 
   w.counter("specdec_requests_submitted_total", "Requests submitted.", s.requests_submitted);
