@@ -1601,22 +1601,13 @@ struct BenchFlags {
 
 // --batch's value: one batch size or several, increasing ("1,4,16").
 std::vector<int> parse_batches(std::string const& v) {
-  std::vector<int> out;
-  size_t at = 0;
-  while (true) {
-    size_t const comma = v.find(',', at);
-    std::string const item = v.substr(at, comma == std::string::npos ? std::string::npos
-                                                                     : comma - at);
-    bool const digits = !item.empty() && item.size() <= 6 &&
-                        item.find_first_not_of("0123456789") == std::string::npos;
-    if (!digits || std::stoi(item) < 1 || (!out.empty() && std::stoi(item) <= out.back())) {
-      fail_usage("--batch " + v + ": '" + item + "' is not a batch size >= 1 (B, or B1,B2,... "
-                 "increasing)");
+  std::vector<int> out = number_list<int>("--batch", v);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] < 1 || (i > 0 && out[i] <= out[i - 1])) {
+      fail_usage("--batch " + v + ": batch sizes must be >= 1 and increasing (B, or B1,B2,...)");
     }
-    out.push_back(std::stoi(item));
-    if (comma == std::string::npos) return out;
-    at = comma + 1;
   }
+  return out;
 }
 
 // The first `count` lines of a prompts file, each checked as capture checks a line (a JSON object

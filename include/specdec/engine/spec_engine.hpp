@@ -1103,11 +1103,13 @@ class SpecEngine {
       }
     }
     // Propose for the batch with `steps` draft steps (draft_steps_at): tokens / parents
-    // [B, kNodes], node_count [B].
+    // [B, *stride] (kNodes, or the draft's draft_nodes(steps)), node_count [B].
     Status propose(std::span<RequestId const> batch, int steps, std::vector<int32_t>* tokens,
-                   std::vector<int32_t>* parents, std::vector<int32_t>* node_count) {
+                   std::vector<int32_t>* parents, std::vector<int32_t>* node_count,
+                   int* stride) {
       int const B = static_cast<int>(batch.size());
       size_t const BN = static_cast<size_t>(B) * kNodes;
+      *stride = kNodes;
       tokens->assign(BN, -1);
       parents->assign(BN, -1);
       node_count->assign(static_cast<size_t>(B), kNodes);
@@ -1147,7 +1149,7 @@ class SpecEngine {
         p.out_node_count = node_count->data();
         return ops::ngram_lookup(CpuExecutor{}, p);
       } else if constexpr (kDraftsWithModel) {
-        // The draft's proposal [B, n], n = draft_nodes(steps), at stride kNodes.
+        // The draft's proposal [B, n], n = draft_nodes(steps).
         int const n = draft_nodes(steps);
         if constexpr (kHostDraft) {
           SPECDEC_RETURN_IF_ERROR(propose_with_draft(batch, steps, n, tokens, parents));
@@ -1157,15 +1159,7 @@ class SpecEngine {
             roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
           SPECDEC_RETURN_IF_ERROR(draft_.propose(batch, roots, steps, n, tokens, parents));
         }
-        tokens->resize(BN, -1);
-        parents->resize(BN, -1);
-        for (int b = B - 1; b > 0 && n < kNodes; --b) {  // back to front: rows only move right
-          std::copy_backward(tokens->begin() + int64_t{b} * n, tokens->begin() + int64_t{b + 1} * n,
-                             tokens->begin() + int64_t{b} * kNodes + n);
-          std::copy_backward(parents->begin() + int64_t{b} * n,
-                             parents->begin() + int64_t{b + 1} * n,
-                             parents->begin() + int64_t{b} * kNodes + n);
-        }
+        *stride = n;
         node_count->assign(static_cast<size_t>(B), n);
         return Status::Ok();
       } else {
@@ -1263,14 +1257,16 @@ class SpecEngine {
       auto t = detail::Clock::now();
       draft_steps_ = e_.draft_steps_at(B);
       std::vector<int32_t> tokens, parents, node_count;
-      SPECDEC_RETURN_IF_ERROR(propose(batch, draft_steps_, &tokens, &parents, &node_count));
+      int stride = 0;
+      SPECDEC_RETURN_IF_ERROR(
+          propose(batch, draft_steps_, &tokens, &parents, &node_count, &stride));
       // The step verifies N = the batch's largest proposal (an n-gram lookup may propose fewer
-      // than kNodes, down to the root alone): [B, kNodes] -> [B, N].
+      // than kNodes, down to the root alone): [B, stride] -> [B, N].
       int const N = *std::max_element(node_count.begin(), node_count.end());
-      if (N < kNodes) {
+      if (N < stride) {
         for (int b = 1; b < B; ++b) {
-          std::copy_n(tokens.begin() + int64_t{b} * kNodes, N, tokens.begin() + int64_t{b} * N);
-          std::copy_n(parents.begin() + int64_t{b} * kNodes, N, parents.begin() + int64_t{b} * N);
+          std::copy_n(tokens.begin() + int64_t{b} * stride, N, tokens.begin() + int64_t{b} * N);
+          std::copy_n(parents.begin() + int64_t{b} * stride, N, parents.begin() + int64_t{b} * N);
         }
         tokens.resize(static_cast<size_t>(B) * N);
         parents.resize(static_cast<size_t>(B) * N);
