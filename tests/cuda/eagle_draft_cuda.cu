@@ -48,6 +48,7 @@
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #include "specdec/model/kimi/forward_reference.hpp"
+#include "support/cuda_stream.cuh"
 #include "support/kimi_model.hpp"
 #include "support/status_checks.hpp"
 #include "support/testing.hpp"
@@ -66,6 +67,7 @@ using specdec::testing::check_error;
 using specdec::testing::load_tiny_kimi;
 using specdec::testing::random_tokens;
 using specdec::testing::Rng;
+using specdec::testing::Stream;
 using specdec::testing::TempDir;
 using specdec::testing::TinyKimi;
 namespace fs = std::filesystem;
@@ -114,15 +116,6 @@ double rel(std::vector<float> const& got, std::vector<float> const& want) {
   REQUIRE_MESSAGE(d.finite, "a value is not finite");
   return d.rel();
 }
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE(cudaStreamCreate(&s) == cudaSuccess); }
-  ~Stream() { cudaStreamDestroy(s); }
-  Stream(Stream const&) = delete;
-  Stream& operator=(Stream const&) = delete;
-  CudaExecutor exec() const { return CudaExecutor{s}; }
-};
 
 template <class T>
 DeviceBuffer<T> dev(std::vector<T> const& h) {

@@ -48,6 +48,7 @@
 #include "specdec/model/kimi/generate.hpp"
 #include "specdec/ops/ngram_lookup/ngram_lookup.hpp"
 #include "support/chi_square.hpp"
+#include "support/cuda_stream.cuh"
 #include "support/engine_cases.hpp"
 #include "support/kimi_model.hpp"
 #include "support/testing.hpp"
@@ -91,6 +92,23 @@ struct Models {
   kimi::KimiCudaModel gpu;
   CudaDraft draft;   // EAGLE-3 over TinyLayers
   CudaDraft draft1;  // EAGLE-1/2
+};
+
+// CUDA graphs for the target's forwards and a draft's steps, on for one scope: off again when it
+// ends, a failed REQUIRE included, so no later test captures by surprise.
+struct GraphsOn {
+  kimi::KimiCudaModel* target;
+  CudaDraft* draft;
+  GraphsOn(kimi::KimiCudaModel* t, CudaDraft* d, int capacity) : target(t), draft(d) {
+    target->graphs.set_capacity(capacity);
+    draft->step_graphs = capacity;
+  }
+  ~GraphsOn() {
+    target->graphs.set_capacity(0);
+    draft->step_graphs = 0;
+  }
+  GraphsOn(GraphsOn const&) = delete;
+  GraphsOn& operator=(GraphsOn const&) = delete;
 };
 
 Models& models() {
@@ -176,18 +194,16 @@ template <class P>
 void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
   CAPTURE(describe<P>());
   CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
-  cudaStream_t stream = nullptr;
-  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  testing::Stream stream;
   std::vector<GenerationResult> results[2];
   SpecMetrics totals[2];
   for (int graphed = 0; graphed < 2; ++graphed) {
-    models().gpu.graphs.set_capacity(graphed ? 16 : 0);
-    draft->step_graphs = graphed ? 16 : 0;
+    GraphsOn const graphs(&models().gpu, draft, graphed ? 16 : 0);
     int64_t const graph_replays = draft->graph_replays;
     SpecEngine<P, CudaExecutor> e;
     Status s = SpecEngine<P, CudaExecutor>::create(
         &models().gpu, SpecEngine<P, CudaExecutor>::kDraftsWithModel ? draft : nullptr, {}, &e,
-        CudaExecutor{stream});
+        stream.exec());
     REQUIRE_MESSAGE(s.ok(), s.to_string());
     int64_t const replays = models().gpu.graphs.replays();
     s = e.generate(requests, &results[graphed], &totals[graphed]);
@@ -196,9 +212,6 @@ void check_graphs_equal_eager(std::vector<GenerationRequest> const& requests) {
     bool const proposes = SpecEngine<P, CudaExecutor>::kDraftsWithModel && graphed;
     CHECK((draft->graph_replays > graph_replays) == proposes);
   }
-  models().gpu.graphs.set_capacity(0);
-  draft->step_graphs = 0;
-  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
   for (size_t r = 0; r < requests.size(); ++r) {
     CAPTURE(r);
     CHECK(results[1][r].output_ids == results[0][r].output_ids);
@@ -263,8 +276,10 @@ TEST_CASE("engine (cuda): requests joining and leaving a session keep their outp
 
 TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs alone") {
   using P = E3<Chain<3>>;
+  testing::Stream stream;  // graph capture needs a stream of the engine's own
   SpecEngine<P, CudaExecutor> e;
-  Status s = SpecEngine<P, CudaExecutor>::create(&models().gpu, &models().draft, {}, &e);
+  Status s = SpecEngine<P, CudaExecutor>::create(&models().gpu, &models().draft, {}, &e,
+                                                 stream.exec());
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   std::vector<GenerationRequest> requests;
   for (int rep = 0; rep < 3; ++rep) {
@@ -272,8 +287,7 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   }
   std::vector<GenerationResult> const want = testing::each_alone(e, requests);
   // The scheduler's steps replay CUDA graphs (on its worker thread), and its stats say so.
-  models().gpu.graphs.set_capacity(16);
-  models().draft.step_graphs = 16;
+  GraphsOn const graphs(&models().gpu, &models().draft, 16);
   engine::SchedulerOptions o;
   o.session = engine::SessionOptions{3, 24, 64, 4};
   o.decode_log_interval = 0;
@@ -316,8 +330,6 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   scheduler->shutdown(/*cancel_running=*/false);
   CHECK(scheduler->stats().kv_pages_used == 0);
   CHECK(scheduler->stats().cuda_graph);  // the last decode step replayed a graph
-  models().gpu.graphs.set_capacity(0);
-  models().draft.step_graphs = 0;
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {
