@@ -6,28 +6,38 @@
 # DATA: what tools/demo/prepare_data.py wrote (data/, tokenizer/). Stages, in the order given:
 #   build   configure + build specdec-kimi into build-demo/ in the background (capture, generate
 #           and dequantize use it; later stages wait for it), from $DEMO_SOURCE (default: this
-#           checkout): CPU-only, or for sm_90 with CAPTURE_DEVICE=cuda
+#           checkout): CPU-only, or for sm_90 with CAPTURE_DEVICE=cuda. Not needed when DEMO_BIN
+#           names a specdec-kimi built elsewhere (for sm_90, when capturing on the GPU)
 #   smoke   train_target.py for a few seconds into a scratch folder (every code path, export
 #           included, before the long run)
 #   target  tools/demo/train_target.py -> $OUT/target
 #   parity  our engine generates from the target ($DEMO_TARGET, else $OUT/target); the
 #           transformers parity fixture of it -> $OUT/hf_parity_demo.json
-#   draft   specdec-kimi capture over data/prompts_train.jsonl (the target from $DEMO_TARGET, else
-#           $OUT/target; CAPTURE_SHARDS CPU processes, or with CAPTURE_DEVICE=cuda one process on
-#           the GPU, CAPTURE_BATCH requests at a time) -> tools/demo/train_eagle3.py -> $OUT/draft
-#   eval    tools/demo/eval_accept.py: held-out prompts, plain and EAGLE-3 chain 3, greedy ->
-#           $OUT/eval.json (same tokens required; accept length reported)
+#   capture specdec-kimi capture over data/prompts_train.jsonl (the target from $DEMO_TARGET, else
+#           $OUT/target) in CAPTURE_SHARDS processes: on the CPU, or with CAPTURE_DEVICE=cuda on
+#           the GPU, each CAPTURE_BATCH requests at a time; shard i continues its prompts at
+#           the i-th of CAPTURE_TEMPERATURES in turn (0: greedy; sampled, seed i) ->
+#           $DEMO_WORK/capture/
+#   draft   tools/demo/train_eagle3.py on those captures (DRAFT_ARGS: extra flags) -> $DRAFT_OUT
+#   eval    tools/demo/eval_accept.py on EVAL_DEVICE: held-out prompts, plain and EAGLE-3 chain
+#           3, greedy, the draft in $DRAFT_OUT -> $EVAL_OUT (same tokens required; accept
+#           length reported)
 # Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPTS (all),
-# CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc, cpu),
-# CAPTURE_BATCH (64, cuda), DRAFT_SELF_TEST (1: train_eagle3.py --self-test first),
-# EVAL_PROMPTS (16), EVAL_NEW_TOKENS (96).
+# CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc on the CPU, 1 on
+# the GPU), CAPTURE_BATCH (64, cuda), CAPTURE_TEMPERATURES ("0"),
+# DRAFT_SELF_TEST (1: train_eagle3.py --self-test first),
+# DRAFT_ARGS, DRAFT_OUT ($OUT/draft), EVAL_PROMPTS (16), EVAL_NEW_TOKENS (96), EVAL_DEVICE (cpu),
+# EVAL_OUT ($OUT/eval.json), DEMO_BIN (a prebuilt specdec-kimi). Several `draft` runs with
+# different DRAFT_OUT may run at once on one GPU.
 # Logs go to $OUT/log.txt. Every stage fails loudly; nothing is skipped silently.
 set -euo pipefail
 DATA=${1:?usage: tools/demo/device_train.sh DATA STAGE...}
 shift
 OUT=${OUT:?set OUT to the output folder}
 BUILD=build-demo
-BIN=$BUILD/examples/specdec-kimi
+BIN=${DEMO_BIN:-$BUILD/examples/specdec-kimi}
+DRAFT_OUT=${DRAFT_OUT:-$OUT/draft}
+EVAL_OUT=${EVAL_OUT:-$OUT/eval.json}
 WORK=${DEMO_WORK:-/tmp/demo-work}
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
@@ -91,30 +101,31 @@ for stage in "$@"; do
         --input-ids "$prompt" --out "$WORK/parity" 2>&1 | tee "$LOGS/hf_parity.log"
       cp "$WORK/parity/hf_parity_demo.json" "$OUT/"
       ;;
-    draft)
+    capture)
       wait_build
-      shards=${CAPTURE_SHARDS:-$(nproc)}
       prompts=$DATA/data/prompts_train.jsonl
       if [[ -n ${CAPTURE_PROMPTS:-} ]]; then
         head -n "$CAPTURE_PROMPTS" "$prompts" > "$WORK/prompts.jsonl"
         prompts=$WORK/prompts.jsonl
       fi
+      device=${CAPTURE_DEVICE:-cpu}
+      if [[ $device == cuda ]]; then
+        shards=${CAPTURE_SHARDS:-1}
+        per_process=(--device cuda --batch "${CAPTURE_BATCH:-64}")
+      else
+        shards=${CAPTURE_SHARDS:-$(nproc)}
+        per_process=()
+      fi
       rm -rf "$WORK/capture"
       mkdir -p "$WORK/capture"
+      read -r -a temperatures <<< "${CAPTURE_TEMPERATURES:-0}"
+      say "capture: $(wc -l < "$prompts") prompts, $shards processes on the $device," \
+        "temperatures ${temperatures[*]} in turn"
       pids=()
-      if [[ ${CAPTURE_DEVICE:-cpu} == cuda ]]; then
-        shards=0
-        say "draft: capture over $(wc -l < "$prompts") prompts on the GPU, batch ${CAPTURE_BATCH:-64}"
-        $BIN capture --model-path "$TARGET" --prompts "$prompts" --layers 0,1,2 \
-          --max-new-tokens "${CAPTURE_NEW_TOKENS:-128}" --device cuda --batch "${CAPTURE_BATCH:-64}" \
-          --out "$WORK/capture/part_0.safetensors" > "$LOGS/capture_0.log" 2>&1 &
-        pids+=($!)
-      else
-        say "draft: capture over $(wc -l < "$prompts") prompts, $shards processes"
-      fi
       for ((i = 0; i < shards; ++i)); do
         $BIN capture --model-path "$TARGET" --prompts "$prompts" --layers 0,1,2 \
-          --max-new-tokens "${CAPTURE_NEW_TOKENS:-128}" --shard "$i/$shards" \
+          --max-new-tokens "${CAPTURE_NEW_TOKENS:-128}" --shard "$i/$shards" "${per_process[@]}" \
+          --temperature "${temperatures[i % ${#temperatures[@]}]}" --seed "$i" \
           --out "$WORK/capture/part_$i.safetensors" > "$LOGS/capture_$i.log" 2>&1 &
         pids+=($!)
       done
@@ -122,24 +133,33 @@ for stage in "$@"; do
         wait "${pids[$i]}" || { say "capture shard $i failed:"; cat "$LOGS/capture_$i.log"; exit 1; }
       done
       cat "$LOGS"/capture_*.log | tail -n "${#pids[@]}"
-      say "draft: self-test, then training ${DRAFT_MINUTES:-3} min"
+      ;;
+    draft)
+      ls "$WORK"/capture/part_*.safetensors > /dev/null ||
+        { say "draft: no captures in $WORK/capture: run the capture stage first"; exit 1; }
+      name=$(basename "$DRAFT_OUT")
       if [[ ${DRAFT_SELF_TEST:-1} != 0 ]]; then
         python3 tools/demo/train_eagle3.py --self-test 2>&1 | tee "$LOGS/train_eagle3_selftest.log"
       fi
+      say "draft: training $name ${DRAFT_MINUTES:-3} min ${DRAFT_ARGS:-}"
+      # shellcheck disable=SC2086 # DRAFT_ARGS is a list of flags
       python3 tools/demo/train_eagle3.py --capture "$WORK"/capture/part_*.safetensors \
-        --target "$TARGET" --out "$OUT/draft" --minutes "${DRAFT_MINUTES:-3}" 2>&1 |
-        tee "$LOGS/train_eagle3.log"
+        --target "$TARGET" --out "$DRAFT_OUT" --minutes "${DRAFT_MINUTES:-3}" ${DRAFT_ARGS:-} \
+        > "$LOGS/train_eagle3_$name.log" 2>&1 ||
+        { say "draft $name failed:"; tail -20 "$LOGS/train_eagle3_$name.log"; exit 1; }
+      tail -3 "$LOGS/train_eagle3_$name.log"
       ;;
     eval)
       wait_build
-      say "eval: held-out prompts, plain against EAGLE-3 chain 3"
-      python3 tools/demo/eval_accept.py --specdec-kimi $BIN --model-path "$TARGET" \
-        --draft "$OUT/draft" --prompts "$DATA/data/prompts_heldout.jsonl" \
+      name=$(basename "$DRAFT_OUT")
+      say "eval: held-out prompts, plain against EAGLE-3 chain 3 with $name"
+      python3 tools/demo/eval_accept.py --specdec-kimi "$BIN" --model-path "$TARGET" \
+        --draft "$DRAFT_OUT" --prompts "$DATA/data/prompts_heldout.jsonl" \
         --count "${EVAL_PROMPTS:-16}" --max-new-tokens "${EVAL_NEW_TOKENS:-96}" \
-        --out "$OUT/eval.json" 2>&1 | tee "$LOGS/eval.log"
+        --device "${EVAL_DEVICE:-cpu}" --out "$EVAL_OUT" 2>&1 | tee "$LOGS/eval_$name.log"
       ;;
     *)
-      echo "unknown stage $stage (build, smoke, target, parity, draft, eval)" >&2
+      echo "unknown stage $stage (build, smoke, target, parity, capture, draft, eval)" >&2
       exit 2
       ;;
   esac
