@@ -40,7 +40,7 @@ DRAFT_OUT=${DRAFT_OUT:-$OUT/draft}
 EVAL_OUT=${EVAL_OUT:-$OUT/eval.json}
 WORK=${DEMO_WORK:-/tmp/demo-work}
 LOGS=$WORK/logs
-mkdir -p "$LOGS"
+mkdir -p "$LOGS" "$OUT"
 # $OUT brings back only a few files: the logs travel as one, $OUT/log.txt.
 collect_logs() {
   for f in "$LOGS"/*; do
@@ -68,10 +68,11 @@ wait_build() {
 for stage in "$@"; do
   case $stage in
     build)
-      say "build: CPU-only specdec-kimi in the background"
       if [[ ${CAPTURE_DEVICE:-cpu} == cuda ]]; then
+        say "build: specdec-kimi for sm_90 in the background"
         cuda_flags=(-DSPECDEC_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
       else
+        say "build: CPU-only specdec-kimi in the background"
         cuda_flags=(-DSPECDEC_ENABLE_CUDA=OFF)
       fi
       (cmake -S "${DEMO_SOURCE:-.}" -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_flags[@]}" &&
