@@ -876,6 +876,12 @@ if(NOT rc EQUAL 1 OR NOT out MATCHES "bench runs at --tp-size 1")
   message(FATAL_ERROR "bench --tp-size 2 gave exit ${rc}: ${out}")
 endif()
 file(WRITE "${DIR}-prompts.jsonl" "{\"input_ids\": [275, 329]}\n{\"input_ids\": [275, \"x\"]}\n")
+# A model and a draft path but no algorithm (NONE, generate's default): the refusal says so.
+run_kimi(out rc bench --model-path "${DIR}" --speculative-draft-model-path "${DIR}-draft"
+         --prompts "${DIR}-prompts.jsonl" --count 2 --max-new-tokens 16)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "draft-model-path was given: name EAGLE3 or EAGLE for it")
+  message(FATAL_ERROR "bench with a draft path and no algorithm gave exit ${rc}: ${out}")
+endif()
 run_kimi(out rc bench --prompts "${DIR}-prompts.jsonl" --count 2 --max-new-tokens 16)
 if(NOT rc EQUAL 1 OR NOT out MATCHES "prompts.jsonl line 2: \"input_ids\"\\[1\\] = \"x\" is not a")
   message(FATAL_ERROR "bench with a bad prompts line gave exit ${rc}: ${out}")

@@ -1762,9 +1762,13 @@ int bench(int argc, char** argv) {
     }
   }
   if (g.spec.algorithm == "NONE") {
+    std::string const draft_given =
+        g.draft_path.empty() ? ""
+                             : " (--speculative-draft-model-path was given: name EAGLE3 or "
+                               "EAGLE for it; NONE is the default)";
     return finish(Status::InvalidArgument(
         "bench measures speculation against plain decoding: with --speculative-algorithm NONE "
-        "alone there is nothing to compare (name EAGLE3, EAGLE or NGRAM)"));
+        "alone there is nothing to compare (name EAGLE3, EAGLE or NGRAM)" + draft_given));
   }
   if (g.tp_size != 1) {
     return finish(Status::InvalidArgument(
