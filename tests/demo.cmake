@@ -55,3 +55,17 @@ else()
   add_test(NAME demo.bench_plot COMMAND python3 tools/bench_plot.py --self-test)
   set_tests_properties(demo.bench_plot PROPERTIES DISABLED TRUE LABELS demo)
 endif()
+
+# demo.prepare_data: tools/demo/prepare_data.py --unseen-dir (prompts from text the target never
+# trained on) on a small corpus: a copy of a corpus file is left out, the new file's prompts are
+# windows of its own token stream, __pycache__ is not read, a non-UTF-8 file is skipped, and a
+# missing directory is refused by name. Standard-library Python only; a few seconds.
+if(SPECDEC_PYTHON3)
+  add_test(NAME demo.prepare_data
+           COMMAND ${SPECDEC_PYTHON3} ${PROJECT_SOURCE_DIR}/tools/demo/test_prepare_data.py)
+  set_tests_properties(demo.prepare_data PROPERTIES TIMEOUT 120 LABELS demo)
+else()
+  message(STATUS "specdec: demo.prepare_data disabled: python3 not found")
+  add_test(NAME demo.prepare_data COMMAND python3 tools/demo/test_prepare_data.py)
+  set_tests_properties(demo.prepare_data PROPERTIES DISABLED TRUE LABELS demo)
+endif()

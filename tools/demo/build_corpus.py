@@ -25,6 +25,10 @@ Outputs (write_corpus(out_dir, corpus)):
   corpus/heldout.txt    separator and a newline, in no document), so text.split(DOC_SEPARATOR)
                         gives the documents back exactly
 
+unseen_documents(dirs, corpus): the *.py files under other directories (e.g. Debian's
+/usr/lib/python3/dist-packages), normalized the same way, without the ones whose text equals a
+corpus document's: text the target never trained on, for prompts (prepare_data.py --unseen-dir).
+
 Standard library only; the same files give byte-identical outputs.
 """
 
@@ -83,11 +87,12 @@ def default_stdlib_dir() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def source_files(stdlib_dir: str) -> list[str]:
-    """The relative paths of the corpus's source files, sorted."""
+def source_files(stdlib_dir: str, skip_dir=excluded_dir) -> list[str]:
+    """The relative paths of the *.py files under stdlib_dir, sorted; directories for which
+    skip_dir(name) holds are not entered."""
     rels = []
     for root, dirs, files in os.walk(stdlib_dir):
-        dirs[:] = sorted(d for d in dirs if not excluded_dir(d))
+        dirs[:] = sorted(d for d in dirs if not skip_dir(d))
         for name in files:
             full = os.path.join(root, name)
             if name.endswith(".py") and os.path.isfile(full) and not os.path.islink(full):
@@ -128,6 +133,21 @@ def debian_packages(stdlib_dir: str, rels: list[str]) -> list[dict]:
             for p, n in sorted(owners.items())]
 
 
+def read_document(root: str, rel: str, split: str) -> Document | str:
+    """root/rel as a normalized Document, or why it is skipped."""
+    with open(os.path.join(root, rel), "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8: {e}"
+    text = text.replace("\r", "")
+    if DOC_SEPARATOR[0] in text:
+        return "holds the document separator U+001C"
+    return Document(path=rel, text=text, size=len(raw), sha256=hashlib.sha256(raw).hexdigest(),
+                    split=split)
+
+
 def build_corpus(
     stdlib_dir: str | None = None,
     max_bytes: int | None = None,
@@ -139,27 +159,12 @@ def build_corpus(
     corpus = Corpus(stdlib_dir=stdlib_dir, max_bytes=max_bytes)
     docs = []
     for rel in source_files(stdlib_dir):
-        with open(os.path.join(stdlib_dir, rel), "rb") as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            corpus.skipped.append({"path": rel, "reason": f"not UTF-8: {e}"})
+        doc = read_document(stdlib_dir, rel, "heldout" if is_heldout(rel) else "train")
+        if isinstance(doc, str):
+            corpus.skipped.append({"path": rel, "reason": doc})
             continue
-        text = text.replace("\r", "")
-        if DOC_SEPARATOR[0] in text:
-            corpus.skipped.append({"path": rel, "reason": "holds the document separator U+001C"})
-            continue
-        corpus.found_bytes += len(raw)
-        docs.append(
-            Document(
-                path=rel,
-                text=text,
-                size=len(raw),
-                sha256=hashlib.sha256(raw).hexdigest(),
-                split="heldout" if is_heldout(rel) else "train",
-            )
-        )
+        corpus.found_bytes += doc.size
+        docs.append(doc)
     if corpus.found_bytes < min_bytes:
         raise CorpusError(
             f"{stdlib_dir}: only {corpus.found_bytes} bytes of UTF-8 .py source outside the test "
@@ -181,6 +186,30 @@ def build_corpus(
     if not corpus.train or not corpus.heldout:
         raise CorpusError(f"{stdlib_dir}: no {'train' if not corpus.train else 'held-out'} files")
     return corpus
+
+
+def unseen_documents(dirs: list[str], corpus: Corpus) -> tuple[list[Document], list[dict]]:
+    """The *.py files under dirs (paths 'dir/rel', split "unseen"; only __pycache__ is not
+    entered), without those whose normalized text is a corpus document's (either split), and the
+    skipped files with the reason."""
+    seen = {d.text for d in corpus.train + corpus.heldout}
+    docs, skipped = [], []
+    for top in dirs:
+        top = os.path.abspath(top)
+        if not os.path.isdir(top):
+            raise CorpusError(f"{top}: not a directory (--unseen-dir)")
+        for rel in source_files(top, lambda name: name == "__pycache__"):
+            path = f"{top}/{rel}"
+            doc = read_document(top, rel, "unseen")
+            if isinstance(doc, str):
+                skipped.append({"path": path, "reason": doc})
+            elif doc.text in seen:
+                skipped.append({"path": path, "reason": "the text of a corpus document"})
+            else:
+                doc.path = path
+                seen.add(doc.text)  # a second copy of the same file adds nothing
+                docs.append(doc)
+    return docs, skipped
 
 
 def join_documents(docs: list[Document]) -> str:

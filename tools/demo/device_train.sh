@@ -13,8 +13,8 @@
 #   target  tools/demo/train_target.py -> $OUT/target
 #   parity  our engine generates from the target ($DEMO_TARGET, else $OUT/target); the
 #           transformers parity fixture of it -> $OUT/hf_parity_demo.json
-#   capture specdec-kimi capture over data/prompts_train.jsonl (the target from $DEMO_TARGET, else
-#           $OUT/target) in CAPTURE_SHARDS processes: on the CPU, or with CAPTURE_DEVICE=cuda on
+#   capture specdec-kimi capture over data/prompts_SET.jsonl for each SET of CAPTURE_PROMPT_SETS
+#           (the target from $DEMO_TARGET, else $OUT/target) in CAPTURE_SHARDS processes: on the CPU, or with CAPTURE_DEVICE=cuda on
 #           the GPU, each CAPTURE_BATCH requests at a time; shard i continues its prompts at
 #           the i-th of CAPTURE_TEMPERATURES in turn (0: greedy; sampled, seed i) ->
 #           $DEMO_WORK/capture/
@@ -22,7 +22,8 @@
 #   eval    tools/demo/eval_accept.py on EVAL_DEVICE: held-out prompts, plain and EAGLE-3 chain
 #           3, greedy, the draft in $DRAFT_OUT -> $EVAL_OUT (same tokens required; accept
 #           length reported)
-# Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPTS (all),
+# Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPT_SETS ("train";
+# "train unseen" adds prepare_data.py --unseen-dir's prompts), CAPTURE_PROMPTS (all, per set),
 # CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc on the CPU, 1 on
 # the GPU), CAPTURE_BATCH (64, cuda), CAPTURE_TEMPERATURES ("0"),
 # DRAFT_SELF_TEST (1: train_eagle3.py --self-test first),
@@ -104,11 +105,14 @@ for stage in "$@"; do
       ;;
     capture)
       wait_build
-      prompts=$DATA/data/prompts_train.jsonl
-      if [[ -n ${CAPTURE_PROMPTS:-} ]]; then
-        head -n "$CAPTURE_PROMPTS" "$prompts" > "$WORK/prompts.jsonl"
-        prompts=$WORK/prompts.jsonl
-      fi
+      prompts=$WORK/prompts.jsonl
+      : > "$prompts"
+      for set in ${CAPTURE_PROMPT_SETS:-train}; do
+        file=$DATA/data/prompts_$set.jsonl
+        [[ -f $file ]] || { say "capture: no $file (prepare_data.py --unseen-dir writes" \
+                                "prompts_unseen.jsonl)"; exit 1; }
+        head -n "${CAPTURE_PROMPTS:--0}" "$file" >> "$prompts"
+      done
       device=${CAPTURE_DEVICE:-cpu}
       if [[ $device == cuda ]]; then
         shards=${CAPTURE_SHARDS:-1}

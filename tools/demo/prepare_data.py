@@ -1,6 +1,7 @@
 """The demo model's data: corpus, tokenizer, token streams and prompts, in one run.
 
   prepare_data.py --out DIR [--ranks 3840] [--stdlib DIR] [--max-bytes N] [--min-bytes N]
+                  [--prompts N] [--heldout-prompts N] [--unseen-dir DIR]... [--unseen-prompts N]
 
 writes into DIR:
   corpus/{manifest.json,train.txt,heldout.txt}   build_corpus.py (the stdlib's *.py, split by file)
@@ -14,6 +15,12 @@ writes into DIR:
   data/prompts_train.jsonl      PROMPTS_TRAIN windows of 48..96 tokens of train documents, one
   data/prompts_heldout.jsonl    a line: {"input_ids": [...], "text": ..., "doc": path,
                                 "token": index in the document}; PROMPTS_HELDOUT of held-out ones
+  data/prompts_unseen.jsonl     with --unseen-dir: --unseen-prompts windows of the *.py files under
+                                those directories that are no corpus document
+                                (build_corpus.unseen_documents), e.g. Debian's
+                                /usr/lib/python3/dist-packages: text the target never trained on,
+                                for the draft's training continuations (the target's continuations
+                                of its own training text are easier to predict than of new text)
   data/meta.json                vocabulary, ranks, special ids, token and byte counts, bytes per
                                 token, the split pattern, the prompt rules
 A window starts at the first token of a non-blank line (after its indentation: the split pattern
@@ -103,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="refuse a source with fewer bytes (default %(default)s)")
     ap.add_argument("--prompts", type=int, default=PROMPTS_TRAIN)
     ap.add_argument("--heldout-prompts", type=int, default=PROMPTS_HELDOUT)
+    ap.add_argument("--unseen-dir", action="append", default=[],
+                    help="a directory of *.py files for data/prompts_unseen.jsonl (repeatable)")
+    ap.add_argument("--unseen-prompts", type=int, default=PROMPTS_TRAIN)
     args = ap.parse_args(argv)
     vocab = args.ranks + bpe.KIMI_BLOCK
     if args.ranks < 256 or vocab > 1 << 16:
@@ -162,13 +172,38 @@ def main(argv: list[str] | None = None) -> int:
         splits[name] = (docs, doc_ids, meta_split)
         lap(f"encode {name}: {text_tokens} tokens, {text_bytes / text_tokens:.3f} bytes/token")
 
+    prompt_sets = [("train", args.prompts), ("heldout", args.heldout_prompts)]
+    unseen_meta = None
+    if args.unseen_dir:
+        try:
+            docs, skipped = build_corpus.unseen_documents(args.unseen_dir, corpus)
+        except build_corpus.CorpusError as e:
+            print(f"prepare_data: {e}", file=sys.stderr)
+            return 2
+        doc_ids = [enc.encode_ordinary(d.text) for d in docs]
+        splits["unseen"] = (docs, doc_ids, None)
+        prompt_sets.append(("unseen", args.unseen_prompts))
+        owners = build_corpus.debian_packages("/", [d.path.lstrip("/") for d in docs])
+        unseen_meta = {
+            "dirs": [os.path.abspath(d) for d in args.unseen_dir],
+            "debian_packages": owners,
+            "documents": len(docs),
+            "text_bytes": sum(len(d.text.encode("utf-8")) for d in docs),
+            "text_tokens": sum(len(ids) for ids in doc_ids),
+            "skipped": len(skipped),
+            "skipped_as_corpus_text": sum(1 for k in skipped
+                                          if k["reason"] == "the text of a corpus document"),
+        }
+        lap(f"encode unseen: {len(docs)} files, {unseen_meta['text_tokens']} tokens, "
+            f"{len(skipped)} skipped")
+
     prompt_counts = {}
-    for name, count in (("train", args.prompts), ("heldout", args.heldout_prompts)):
+    for name, count in prompt_sets:
         docs, doc_ids, _ = splits[name]
         rows = sample_prompts(docs, doc_ids, enc, count)
         write_jsonl(os.path.join(data_dir, f"prompts_{name}.jsonl"), rows)
         prompt_counts[name] = len(rows)
-    lap(f"prompts: {prompt_counts['train']} train, {prompt_counts['heldout']} held-out")
+    lap("prompts: " + ", ".join(f"{n} {name}" for name, n in prompt_counts.items()))
 
     meta = {
         "vocab_size": vocab,
@@ -184,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": splits["train"][2],
         "heldout": splits["heldout"][2],
         "prompts": {
-            "train": prompt_counts["train"],
-            "heldout": prompt_counts["heldout"],
+            **prompt_counts,
             "tokens": [PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS],
             "seed": PROMPT_SEED,
             "start": "the first token of a non-blank line of a document",
@@ -196,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_bytes": corpus.max_bytes,
         },
     }
+    if unseen_meta is not None:
+        meta["unseen"] = unseen_meta
     with open(os.path.join(data_dir, "meta.json"), "w", encoding="utf-8", newline="\n") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
