@@ -22,6 +22,10 @@
 #   eval    tools/demo/eval_accept.py on EVAL_DEVICE: held-out prompts, plain and EAGLE-3 chain
 #           3, greedy, the draft in $DRAFT_OUT -> $EVAL_OUT (same tokens required; accept
 #           length reported)
+#   drafts  the draft stage for each of DRAFT_VARIANTS ("name:flags|name:flags...", all at once
+#           on the GPU, DRAFT_MINUTES each), then eval of each; the one with the highest accept
+#           length (outputs equal to plain decoding's) -> $OUT/draft, every variant's training
+#           report and eval -> $OUT/drafts.json
 # Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPT_SETS ("train";
 # "train unseen" adds prepare_data.py --unseen-dir's prompts), CAPTURE_PROMPTS (all, per set),
 # CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc on the CPU, 1 on
@@ -163,8 +167,49 @@ for stage in "$@"; do
         --count "${EVAL_PROMPTS:-16}" --max-new-tokens "${EVAL_NEW_TOKENS:-96}" \
         --device "${EVAL_DEVICE:-cpu}" --out "$EVAL_OUT" 2>&1 | tee "$LOGS/eval_$name.log"
       ;;
+    drafts)
+      IFS='|' read -r -a variants <<< "${DRAFT_VARIANTS:?drafts: set DRAFT_VARIANTS}"
+      names=() pids=()
+      for v in "${variants[@]}"; do
+        name=${v%%:*}
+        [[ $name =~ ^[A-Za-z0-9_-]+$ && $v == *:* ]] ||
+          { say "drafts: '$v' is not name:flags (name of letters, digits, _ and -)"; exit 1; }
+        names+=("$name")
+        DRAFT_OUT=$WORK/drafts/$name DRAFT_ARGS=${v#*:} "$0" "$DATA" draft &
+        pids+=($!)
+      done
+      for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { say "drafts: ${names[$i]} failed"; exit 1; }
+      done
+      for name in "${names[@]}"; do
+        DRAFT_OUT=$WORK/drafts/$name EVAL_OUT=$WORK/drafts/eval_$name.json "$0" "$DATA" eval ||
+          say "drafts: the eval of $name failed (its outputs differ, or it did not run)"
+      done
+      python3 - "$WORK/drafts" "$OUT" "${names[@]}" <<'PY'
+import json, os, shutil, sys
+work, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+res = {}
+for n in names:
+    r = {}
+    for f, k in ((f"{work}/{n}/train_report.json", "train"), (f"{work}/eval_{n}.json", "eval")):
+        if os.path.exists(f):
+            r[k] = json.load(open(f))
+    res[n] = r
+json.dump(res, open(f"{out}/drafts.json", "w"), indent=1)
+ok = [n for n in names if res[n].get("eval", {}).get("mismatches", 1) == 0]
+for n in names:
+    print(f"drafts: {n}: accept length {res[n].get('eval', {}).get('accept_length')}")
+if not ok:
+    sys.exit("drafts: no variant's outputs equal plain decoding's")
+best = max(ok, key=lambda n: res[n]["eval"]["accept_length"])
+os.makedirs(f"{out}/draft", exist_ok=True)
+for f in ("config.json", "model.safetensors", "train_report.json"):
+    shutil.copy(f"{work}/{best}/{f}", f"{out}/draft/{f}")
+print(f"drafts: best {best} -> {out}/draft")
+PY
+      ;;
     *)
-      echo "unknown stage $stage (build, smoke, target, parity, capture, draft, eval)" >&2
+      echo "unknown stage $stage (build, smoke, target, parity, capture, draft, eval, drafts)" >&2
       exit 2
       ;;
   esac
