@@ -59,11 +59,12 @@
 //                                extend on the target's aux rows gathered on the device, steps,
 //                                draft_expand / draft_finalize's CUDA kernels, the proposal's
 //                                tree on the device, so that the whole proposal is one CUDA
-//                                graph per batch size, and the extend after a verify one per
-//                                shape: DraftCudaModel::step_graphs); the
-//                                host reads back the proposal's tokens / parents [B, N] and each
-//                                step's acceptance; n-gram lookup and tree_build run on the
-//                                host. draft_device_errors is read once per proposal.
+//                                graph per (batch, steps, nodes), and the extend after a verify
+//                                one per shape: DraftCudaModel::step_graphs); the host reads
+//                                back the proposal's tokens / parents [B, N] with the draft's
+//                                error record in one copy, and each step's acceptance and
+//                                commit in one more; n-gram lookup and tree_build run on the
+//                                host.
 // Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
 // of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
 // and its own copy of the draft. The forward's all-reduces leave every rank the same residual
@@ -265,13 +266,13 @@ struct DraftFor<CpuExecutor> {
 //   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device,
 //       after_verify): the draft extend into [B, H] / [B, Vd] rows, scattered to the requests'
 //       slots; after a verify its stream work replays from a CUDA graph per (B, sum counts)
-//   propose(ids [B], roots [B] host, &tokens, &parents [B, N] host): the batch's slots, lengths
-//       and roots uploaded; the proposal (enqueue_proposal: draft_expand at step 0, then per
-//       step draft_tree_step, whose tree lives on the device, and draft_expand; draft_finalize)
-//       queued, or replayed from the CUDA graph captured for batch size B (model.step_graphs
-//       of them); then tokens / parents / status [B, N] / [B] to the host, and
-//       draft_device_errors (the one check of the tokens the draft read since the last
-//       proposal): one host wait per proposal.
+//   propose(ids [B], roots [B] host, steps, nodes, &tokens, &parents [B, nodes] host): the
+//       batch's slots, lengths and roots uploaded; the proposal (enqueue_proposal: draft_expand
+//       at step 0, then per step draft_tree_step, whose tree lives on the device, and
+//       draft_expand; draft_finalize) queued, or replayed from the CUDA graph captured for
+//       (B, steps, nodes) (model.step_graphs of them); then one read-back of tokens / parents /
+//       status and the draft's device error record (the one check of the tokens the draft read
+//       since the last proposal; draft_device_errors names a fault): one host wait per proposal.
 class CudaDraftRun {
  public:
   using Model = model::eagle::DraftCudaModel;
