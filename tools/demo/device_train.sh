@@ -26,7 +26,8 @@
 #           on the GPU, DRAFT_MINUTES each), then eval of each; the one with the highest accept
 #           length (outputs equal to plain decoding's) -> $OUT/draft, every variant's training
 #           report and eval -> $OUT/drafts.json
-# Knobs (environment): TARGET_MINUTES (4), DRAFT_MINUTES (3), CAPTURE_PROMPT_SETS ("train";
+# Knobs (environment): TARGET_MINUTES (4), TARGET_ARGS (extra train_target.py flags, e.g.
+# "--extra-ids DATA/data/extra_train_ids.bin"), DRAFT_MINUTES (3), CAPTURE_PROMPT_SETS ("train";
 # "train unseen" adds prepare_data.py --unseen-dir's prompts), CAPTURE_PROMPTS (all, per set),
 # CAPTURE_NEW_TOKENS (128), CAPTURE_DEVICE (cpu | cuda), CAPTURE_SHARDS (nproc on the CPU, 1 on
 # the GPU), CAPTURE_BATCH (64, cuda), CAPTURE_TEMPERATURES ("0"),
@@ -93,7 +94,7 @@ for stage in "$@"; do
     target)
       say "target: training ${TARGET_MINUTES:-4} min"
       python3 tools/demo/train_target.py --data "$DATA" --out "$TARGET" \
-        --minutes "${TARGET_MINUTES:-4}" 2>&1 | tee "$LOGS/train_target.log"
+        --minutes "${TARGET_MINUTES:-4}" ${TARGET_ARGS:-} 2>&1 | tee "$LOGS/train_target.log"
       ;;
     parity)
       wait_build

@@ -2,6 +2,7 @@
 
   prepare_data.py --out DIR [--ranks 3840] [--stdlib DIR] [--max-bytes N] [--min-bytes N]
                   [--prompts N] [--heldout-prompts N] [--unseen-dir DIR]... [--unseen-prompts N]
+                  [--extra-train-fraction F]
 
 writes into DIR:
   corpus/{manifest.json,train.txt,heldout.txt}   build_corpus.py (the stdlib's *.py, split by file)
@@ -21,6 +22,11 @@ writes into DIR:
                                 /usr/lib/python3/dist-packages: text the target never trained on,
                                 for the draft's training continuations (the target's continuations
                                 of its own training text are easier to predict than of new text)
+  data/extra_train_ids.bin      with --extra-train-fraction F > 0: the token stream (as
+                                train_ids.bin) of the share F of those documents chosen by a hash
+                                of each path (extra_train_document), for the target to train on
+                                beside the stdlib (train_target.py --extra-ids); prompts_unseen
+                                then comes from the other documents only
   data/meta.json                vocabulary, ranks, special ids, token and byte counts, bytes per
                                 token, the split pattern, the prompt rules
 A window starts at the first token of a non-blank line (after its indentation: the split pattern
@@ -33,6 +39,7 @@ Standard library only; the same stdlib files give byte-identical outputs. Timing
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -82,6 +89,13 @@ def sample_prompts(docs, doc_ids, enc: bpe.Encoder, count: int) -> list[dict]:
     return prompts
 
 
+def extra_train_document(path: str, fraction: float) -> bool:
+    """Whether the --unseen-dir document at `path` goes to the target's extra training text: a
+    stable hash of the path below `fraction` (the same files split the same way on any machine)."""
+    digest = hashlib.sha256(path.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") / 2.0 ** 64 < fraction
+
+
 def write_ids(path: str, doc_ids: list[list[int]], eos: int) -> int:
     a = array("H")
     for ids in doc_ids:
@@ -113,7 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unseen-dir", action="append", default=[],
                     help="a directory of *.py files for data/prompts_unseen.jsonl (repeatable)")
     ap.add_argument("--unseen-prompts", type=int, default=PROMPTS_TRAIN)
+    ap.add_argument("--extra-train-fraction", type=float, default=0.0,
+                    help="the share of --unseen-dir's documents the target trains on "
+                         "(data/extra_train_ids.bin; default 0)")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.extra_train_fraction < 1.0:
+        print(f"prepare_data: --extra-train-fraction {args.extra_train_fraction}: needs 0 <= F < 1 "
+              "(some documents must stay unseen for prompts_unseen.jsonl)", file=sys.stderr)
+        return 2
+    if args.extra_train_fraction > 0 and not args.unseen_dir:
+        print("prepare_data: --extra-train-fraction needs --unseen-dir (the documents it splits)",
+              file=sys.stderr)
+        return 2
     vocab = args.ranks + bpe.KIMI_BLOCK
     if args.ranks < 256 or vocab > 1 << 16:
         print(f"prepare_data: --ranks {args.ranks}: needs 256 <= ranks <= {(1 << 16) - 256} "
@@ -180,10 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         except build_corpus.CorpusError as e:
             print(f"prepare_data: {e}", file=sys.stderr)
             return 2
+        owners = build_corpus.debian_packages("/", [d.path.lstrip("/") for d in docs])
+        extra = [d for d in docs if extra_train_document(d.path, args.extra_train_fraction)]
+        docs = [d for d in docs if not extra_train_document(d.path, args.extra_train_fraction)]
+        if not docs:
+            print(f"prepare_data: --extra-train-fraction {args.extra_train_fraction} left no "
+                  "--unseen-dir document for prompts_unseen.jsonl; lower it", file=sys.stderr)
+            return 2
         doc_ids = [enc.encode_ordinary(d.text) for d in docs]
         splits["unseen"] = (docs, doc_ids, None)
         prompt_sets.append(("unseen", args.unseen_prompts))
-        owners = build_corpus.debian_packages("/", [d.path.lstrip("/") for d in docs])
         unseen_meta = {
             "dirs": [os.path.abspath(d) for d in args.unseen_dir],
             "debian_packages": owners,
@@ -194,6 +225,16 @@ def main(argv: list[str] | None = None) -> int:
             "skipped_as_corpus_text": sum(1 for k in skipped
                                           if k["reason"] == "the text of a corpus document"),
         }
+        if extra:
+            extra_ids = [enc.encode_ordinary(d.text) for d in extra]
+            stream = write_ids(os.path.join(data_dir, "extra_train_ids.bin"), extra_ids, eos)
+            unseen_meta["extra_train"] = {
+                "fraction": args.extra_train_fraction,
+                "documents": len(extra),
+                "text_tokens": stream - len(extra),
+                "stream_tokens": stream,
+            }
+            lap(f"encode extra train: {len(extra)} files, {stream - len(extra)} tokens")
         lap(f"encode unseen: {len(docs)} files, {unseen_meta['text_tokens']} tokens, "
             f"{len(skipped)} skipped")
 

@@ -3,8 +3,10 @@
 
 The unseen directory holds a copy of a corpus file (left out: the target trained on it), a new
 file (its prompts are windows of its own token stream), a file in __pycache__ (not read) and a
-file that is not UTF-8 (skipped, with the reason). A missing --unseen-dir is exit 2 with its
-name. Standard library only; a few seconds.
+file that is not UTF-8 (skipped, with the reason). --extra-train-fraction 0.5 over 16 new files
+writes the chosen documents' stream to data/extra_train_ids.bin and takes the unseen prompts
+from the others only. A missing --unseen-dir, a fraction of 1 and a fraction without
+--unseen-dir are exit 2 with their names. Standard library only; a few seconds.
 """
 
 import contextlib
@@ -73,19 +75,64 @@ def main():
             check(ids == stream[k:k + len(ids)], "prompt at token %d is not new.py's stream" % k)
             check(r["text"] == enc.decode(ids), "prompt text is not its ids' text")
 
-        err = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            rc = prepare_data.main(["--out", os.path.join(work, "out2"), "--max-bytes", "300000",
-                                    "--ranks", "512", "--unseen-dir",
-                                    os.path.join(work, "missing")])
-        check(rc == 2 and "missing: not a directory (--unseen-dir)" in err.getvalue(),
-              "missing --unseen-dir: exit %s, stderr %r" % (rc, err.getvalue()))
+        # --extra-train-fraction: a share of the documents, by a hash of the path, becomes the
+        # target's extra training stream; the prompts come from the others only.
+        many = os.path.join(work, "many")
+        os.makedirs(many)
+        for i in range(16):
+            with open(os.path.join(many, "mod_%02d.py" % i), "w", encoding="utf-8") as f:
+                f.write("".join("def f%d_%d(x):\n    return x * %d + %d\n\n" % (i, j, i, j)
+                                for j in range(60)))
+        out3 = os.path.join(work, "out3")
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = prepare_data.main(["--out", out3, "--max-bytes", "300000", "--ranks", "512",
+                                    "--prompts", "20", "--unseen-dir", many,
+                                    "--unseen-prompts", "40", "--extra-train-fraction", "0.5"])
+        check(rc == 0, "prepare_data --extra-train-fraction exit %s" % rc)
+        docs, _ = build_corpus.unseen_documents([many], corpus)
+        extra = [d for d in docs if prepare_data.extra_train_document(d.path, 0.5)]
+        rest = [d for d in docs if not prepare_data.extra_train_document(d.path, 0.5)]
+        check(0 < len(extra) < 16, "%d of 16 documents in the extra split" % len(extra))
+        enc3 = bpe.load_tokenizer(os.path.join(out3, "tokenizer"))
+        meta3 = json.load(open(os.path.join(out3, "data", "meta.json")))
+        eos = meta3["special_ids"]["eos"]
+        want = []
+        for d in extra:
+            want += enc3.encode_ordinary(d.text) + [eos]
+        raw = open(os.path.join(out3, "data", "extra_train_ids.bin"), "rb").read()
+        got = [int.from_bytes(raw[i:i + 2], "little") for i in range(0, len(raw), 2)]
+        check(got == want, "extra_train_ids.bin is not the extra documents' stream")
+        x = meta3["unseen"].get("extra_train", {})
+        check(x.get("documents") == len(extra) and x.get("stream_tokens") == len(want),
+              "meta extra_train %s" % x)
+        check(meta3["unseen"]["documents"] == len(rest), "meta unseen %s" % meta3["unseen"])
+        rest_paths = {d.path for d in rest}
+        for line in open(os.path.join(out3, "data", "prompts_unseen.jsonl")):
+            doc = json.loads(line)["doc"]
+            check(doc in rest_paths, "an unseen prompt from %s, a document the target trains on"
+                  % doc)
+
+        def refused(args, text, what):
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                rc = prepare_data.main(["--out", os.path.join(work, "out2"), "--max-bytes",
+                                        "300000", "--ranks", "512"] + args)
+            check(rc == 2 and text in err.getvalue(),
+                  "%s: exit %s, stderr %r" % (what, rc, err.getvalue()))
+
+        refused(["--unseen-dir", os.path.join(work, "missing")],
+                "missing: not a directory (--unseen-dir)", "missing --unseen-dir")
+        refused(["--unseen-dir", many, "--extra-train-fraction", "1"],
+                "--extra-train-fraction 1.0: needs 0 <= F < 1", "fraction 1")
+        refused(["--extra-train-fraction", "0.5"], "--extra-train-fraction needs --unseen-dir",
+                "fraction without --unseen-dir")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
         print("test_prepare_data: %d failed" % len(failures))
         return 1
-    print("test_prepare_data: unseen prompts, the corpus copy left out, bad input refused")
+    print("test_prepare_data: unseen prompts, the corpus copy left out, the extra training "
+          "split, bad input refused")
     return 0
 
 

@@ -6,11 +6,14 @@ specdec-kimi loads.
 Runs on the GPU machine (python3 + torch; no network). Tooling only: never part of the library
 or the binary.
 
-    python3 tools/demo/train_target.py --data DATA --out CKPT [--minutes 5]
+    python3 tools/demo/train_target.py --data DATA --out CKPT [--minutes 5] [--extra-ids F]...
 
 DATA is what tools/demo/prepare_data.py writes: data/train_ids.bin, data/heldout_ids.bin (uint16
 token ids, documents separated by [EOS]), data/meta.json and tokenizer/ (tiktoken.model and
-tokenizer_config.json, copied into CKPT so the checkpoint serves text).
+tokenizer_config.json, copied into CKPT so the checkpoint serves text). --extra-ids adds more
+training text in the same format after train_ids.bin (prepare_data.py --extra-train-fraction
+writes data/extra_train_ids.bin: Python files beyond the standard library, so the target
+memorises less of its training files); the held-out set stays data/heldout_ids.bin.
 
 The model is the architecture of ../shared/reference/kimi.md, written out here in plain torch
 (transformers' own module is not used for training: its expert layout changes between versions;
@@ -304,6 +307,8 @@ def demo_config(a, meta):
 
 
 def load_ids(path):
+    if not os.path.isfile(path):
+        fail("%s: no such file (uint16 token ids expected)" % path)
     raw = open(path, "rb").read()
     if len(raw) % 2:
         fail("%s: odd byte count %d (expected uint16 ids)" % (path, len(raw)))
@@ -416,6 +421,8 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--extra-ids", action="append", default=[],
+                    help="more training ids (uint16, as train_ids.bin), appended (repeatable)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -449,6 +456,8 @@ def main():
         fail("--out %s exists and is not empty" % a.out)
     tok_dir = os.path.join(a.data, "tokenizer")
     train = load_ids(os.path.join(a.data, "data", "train_ids.bin"))
+    if a.extra_ids:
+        train = torch.cat([train] + [load_ids(path) for path in a.extra_ids])
     held = load_ids(os.path.join(a.data, "data", "heldout_ids.bin"))
     if int(train.max()) >= meta["vocab_size"]:
         fail("train ids reach %d, vocabulary is %d" % (int(train.max()), meta["vocab_size"]))
@@ -537,6 +546,7 @@ def main():
     nbytes = export(model, c, a.out, tok_dir)
     report = {"steps": step, "minutes": minutes, "parameters": n_params,
               "seq_len": a.seq_len, "batch": a.batch, "train_tokens": int(train.numel()),
+              "extra_ids": a.extra_ids,
               "final_train_loss": sum(losses[-50:]) / len(losses[-50:]),
               "heldout_loss_trained_weights": loss_bf16, "heldout_loss_int4_experts": loss_int4,
               "checkpoint_bytes": nbytes, "samples": samples, "args": vars(a)}
