@@ -206,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prepare_data: {e}", file=sys.stderr)
             return 2
         owners = build_corpus.debian_packages("/", [d.path.lstrip("/") for d in docs])
-        extra = [d for d in docs if extra_train_document(d.path, args.extra_train_fraction)]
-        docs = [d for d in docs if not extra_train_document(d.path, args.extra_train_fraction)]
+        extra, kept = [], []
+        for d in docs:
+            (extra if extra_train_document(d.path, args.extra_train_fraction) else kept).append(d)
+        docs = kept
         if not docs:
             print(f"prepare_data: --extra-train-fraction {args.extra_train_fraction} left no "
                   "--unseen-dir document for prompts_unseen.jsonl; lower it", file=sys.stderr)
