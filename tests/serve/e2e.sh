@@ -93,6 +93,7 @@ SERVE_FLAGS=(serve --model-path "$WORK/target" --speculative-algorithm EAGLE3
 start_server() {
   local log=$1
   shift
+  : >"$log"  # exists before the polling below reads it (the server's own open may come later)
   "$KIMI" "${SERVE_FLAGS[@]}" --port 0 "$@" >"$log" 2>&1 &
   SERVER_PID=$!
   SERVER_PIDS+=("$SERVER_PID")
