@@ -58,8 +58,9 @@ endif()
 
 # demo.prepare_data: tools/demo/prepare_data.py --unseen-dir (prompts from text the target never
 # trained on) on a small corpus: a copy of a corpus file is left out, the new file's prompts are
-# windows of its own token stream, __pycache__ is not read, a non-UTF-8 file is skipped, and a
-# missing directory is refused by name. Standard-library Python only; a few seconds.
+# windows of its own token stream, __pycache__ is not read, a non-UTF-8 file is skipped;
+# --extra-train-fraction writes the chosen files' stream and keeps them out of the unseen prompts;
+# a missing directory and bad fractions are refused by name. Standard-library Python only.
 if(SPECDEC_PYTHON3)
   add_test(NAME demo.prepare_data
            COMMAND ${SPECDEC_PYTHON3} ${PROJECT_SOURCE_DIR}/tools/demo/test_prepare_data.py)

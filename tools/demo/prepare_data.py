@@ -179,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     eos = specials["[EOS]"]
     data_dir = os.path.join(args.out, "data")
     os.makedirs(data_dir, exist_ok=True)
-    splits = {}
-    for name, docs in (("train", corpus.train), ("heldout", corpus.heldout)):
+    def write_split(name: str, docs: list) -> tuple[list[list[int]], dict]:
+        """data/{name}_ids.bin from docs; their ids and the split's counts for meta.json."""
         doc_ids = [enc.encode_ordinary(d.text) for d in docs]
         stream = write_ids(os.path.join(data_dir, f"{name}_ids.bin"), doc_ids, eos)
         text_tokens = stream - len(doc_ids)
         text_bytes = sum(len(d.text.encode("utf-8")) for d in docs)
         with_special = sum(1 for d in docs if enc.special_regex.search(d.text))
-        meta_split = {
+        lap(f"encode {name}: {len(docs)} files, {text_tokens} tokens, "
+            f"{text_bytes / text_tokens:.3f} bytes/token")
+        return doc_ids, {
             "documents": len(docs),
             "text_bytes": text_bytes,
             "text_tokens": text_tokens,
@@ -194,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_per_token": round(text_bytes / text_tokens, 4),
             "documents_holding_special_text": with_special,
         }
+
+    splits = {}
+    for name, docs in (("train", corpus.train), ("heldout", corpus.heldout)):
+        doc_ids, meta_split = write_split(name, docs)
         splits[name] = (docs, doc_ids, meta_split)
-        lap(f"encode {name}: {text_tokens} tokens, {text_bytes / text_tokens:.3f} bytes/token")
 
     prompt_sets = [("train", args.prompts), ("heldout", args.heldout_prompts)]
     unseen_meta = None
@@ -228,15 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                                           if k["reason"] == "the text of a corpus document"),
         }
         if extra:
-            extra_ids = [enc.encode_ordinary(d.text) for d in extra]
-            stream = write_ids(os.path.join(data_dir, "extra_train_ids.bin"), extra_ids, eos)
-            unseen_meta["extra_train"] = {
-                "fraction": args.extra_train_fraction,
-                "documents": len(extra),
-                "text_tokens": stream - len(extra),
-                "stream_tokens": stream,
-            }
-            lap(f"encode extra train: {len(extra)} files, {stream - len(extra)} tokens")
+            _, meta_split = write_split("extra_train", extra)
+            unseen_meta["extra_train"] = {"fraction": args.extra_train_fraction, **meta_split}
         lap(f"encode unseen: {len(docs)} files, {unseen_meta['text_tokens']} tokens, "
             f"{len(skipped)} skipped")
 
