@@ -14,18 +14,18 @@
 #   parity  our engine generates from the target ($DEMO_TARGET, else $OUT/target); the
 #           transformers parity fixture of it -> $OUT/hf_parity_demo.json
 #   capture specdec-kimi capture over data/prompts_SET.jsonl for each SET of CAPTURE_PROMPT_SETS
-#           (the target from $DEMO_TARGET, else $OUT/target) in CAPTURE_SHARDS processes: on the CPU, or with CAPTURE_DEVICE=cuda on
-#           the GPU, each CAPTURE_BATCH requests at a time; shard i continues its prompts at
-#           the i-th of CAPTURE_TEMPERATURES in turn (0: greedy; sampled, seed i) ->
-#           $DEMO_WORK/capture/
+#           (the target from $DEMO_TARGET, else $OUT/target) in CAPTURE_SHARDS processes: on the
+#           CPU, or with CAPTURE_DEVICE=cuda on the GPU, each CAPTURE_BATCH requests at a time;
+#           shard i continues its prompts at the i-th of CAPTURE_TEMPERATURES in turn (0:
+#           greedy; sampled, seed i) -> $DEMO_WORK/capture/
 #   draft   tools/demo/train_eagle3.py on those captures (DRAFT_ARGS: extra flags) -> $DRAFT_OUT
 #   eval    tools/demo/eval_accept.py on EVAL_DEVICE: held-out prompts, plain and EAGLE-3 chain
 #           3, greedy, the draft in $DRAFT_OUT -> $EVAL_OUT (same tokens required; accept
 #           length reported)
 #   drafts  the draft stage for each of DRAFT_VARIANTS ("name:flags|name:flags...", all at once
 #           on the GPU, DRAFT_MINUTES each), then eval of each; the one with the highest accept
-#           length (outputs equal to plain decoding's) -> $OUT/draft, every variant's training
-#           report and eval -> $OUT/drafts.json
+#           length (outputs equal to plain decoding's) -> $OUT/draft (config.json and
+#           model.safetensors), every variant's training report and eval -> $OUT/drafts.json
 # Knobs (environment): TARGET_MINUTES (4), TARGET_ARGS (extra train_target.py flags, e.g.
 # "--extra-ids DATA/data/extra_train_ids.bin"), DRAFT_MINUTES (3), CAPTURE_PROMPT_SETS ("train";
 # "train unseen" adds prepare_data.py --unseen-dir's prompts), CAPTURE_PROMPTS (all, per set),
@@ -204,7 +204,7 @@ if not ok:
     sys.exit("drafts: no variant's outputs equal plain decoding's")
 best = max(ok, key=lambda n: res[n]["eval"]["accept_length"])
 os.makedirs(f"{out}/draft", exist_ok=True)
-for f in ("config.json", "model.safetensors", "train_report.json"):
+for f in ("config.json", "model.safetensors"):  # the report is in drafts.json
     shutil.copy(f"{work}/{best}/{f}", f"{out}/draft/{f}")
 print(f"drafts: best {best} -> {out}/draft")
 PY
