@@ -11,7 +11,10 @@ lossless); any difference is an error. It reports the accept length over all pro
 committed per verify, bonus included, over all verifies of all prompts; the first token, drawn
 at prefill, is not a verify's),
 per-position acceptance and both decode rates (means over the prompts; their ratio is
-decode_speedup), and writes them with the per-prompt figures to --out. The *_generate_seconds
+decode_speedup), and writes them with the per-prompt figures to --out. It also reports how
+repetitive the target's greedy text is: the share of generated tokens that complete a 5-gram
+already seen in the prompt or the output (any drafter gains on repeated text; n-gram lookup
+gains on nothing else), per prompt and over all prompts (repeated_5gram_share). The *_generate_seconds
 are whole generate calls, each in a fresh process: they include one-time work (the draft's
 prefill, the first cuBLAS calls, capturing each CUDA graph shape), so they are no speed figure.
 Exit status 1 on a mismatch or a failed run.
@@ -35,6 +38,17 @@ def run(cmd):
     return json.loads(r.stdout)
 
 
+def repeated_ngram_count(prompt, output, n=5):
+    """How many tokens of `output` complete an n-gram that occurred earlier in prompt + output."""
+    seq = list(prompt) + list(output)
+    seen, count = set(), 0
+    for j in range(n - 1, len(seq)):
+        gram = tuple(seq[j - n + 1: j + 1])
+        count += j >= len(prompt) and gram in seen
+        seen.add(gram)
+    return count
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specdec-kimi", required=True)
@@ -52,7 +66,7 @@ def main():
     base = [a.specdec_kimi, "generate", "--model-path", a.model_path, "--json", "--ignore-eos",
             "--device", a.device, "--max-new-tokens", str(a.max_new_tokens)]
     rows, mismatches = [], 0
-    tokens = verifies = 0
+    tokens = verifies = generated = repeated = 0
     accepted = None
     plain_s = spec_s = plain_dtps = spec_dtps = 0.0
     for i, p in enumerate(prompts):
@@ -63,6 +77,9 @@ def main():
         same = plain["output_ids"] == spec["output_ids"]
         mismatches += not same
         n = len(spec["output_ids"])
+        rep = repeated_ngram_count(p, plain["output_ids"])
+        generated += len(plain["output_ids"])
+        repeated += rep
         tokens += spec["accept_length"] * spec["verify_ct"]  # committed by verifies
         verifies += spec["verify_ct"]
         per = spec["per_position_accept"]
@@ -76,10 +93,11 @@ def main():
         plain_dtps += plain["decode_tokens_per_s"]
         spec_dtps += spec["decode_tokens_per_s"]
         rows.append({"prompt": i, "accept_length": spec["accept_length"],
-                     "same_tokens": same, "tokens": n, "verify_ct": spec["verify_ct"]})
-        print("prompt %2d: accept length %.3f, %s" % (i, spec["accept_length"],
-                                                      "same tokens" if same else "MISMATCH"),
-              flush=True)
+                     "same_tokens": same, "tokens": n, "verify_ct": spec["verify_ct"],
+                     "repeated_5gram_share": rep / max(len(plain["output_ids"]), 1)})
+        print("prompt %2d: accept length %.3f, %s, repeated 5-grams %.2f" % (
+            i, spec["accept_length"], "same tokens" if same else "MISMATCH",
+            rows[-1]["repeated_5gram_share"]), flush=True)
     summary = {
         "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "device": a.device,
         "config": "EAGLE3 chain: steps 3, topk 1, 4 verified tokens; temperature 0",
@@ -90,6 +108,7 @@ def main():
         "plain_decode_tokens_per_s": plain_dtps / max(len(prompts), 1),
         "speculative_decode_tokens_per_s": spec_dtps / max(len(prompts), 1),
         "decode_speedup": spec_dtps / plain_dtps if plain_dtps > 0 else None,
+        "repeated_5gram_share": repeated / max(generated, 1),
         "per_prompt": rows,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}, indent=1))
