@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up, build and the main job on the embedded default: specdec-kimi on the embedded demo
-# (models/demo: a small Kimi-K2.5-architecture model trained on Python's standard library, and an
+# (models/demo: a small Kimi-K2.5-architecture model trained on Python source from Debian, and an
 # EAGLE-3 draft trained on its outputs; tools/demo made both). The same prompt is completed
 # greedily with EAGLE-3 (the default: a chain of 3 draft steps) and plainly. The two texts must be
 # equal (greedy speculation is lossless); the script prints the text, the accept length,
