@@ -4,7 +4,8 @@
 // CPU rules (router_logits against a double-precision router); prefill + decode, a batch of
 // requests on interleaved pages and a tree verify (logits and aux {-1, 1, 3}); greedy generation;
 // random weights drawn on the device (generate_kimi_cuda_model) against the same values drawn on
-// the host; forwards captured as CUDA graphs against eager ones, bit for bit; errors.
+// the host; forwards captured as CUDA graphs against eager ones, bit for bit; batches padded to a
+// graph ladder against the CPU executor and captured against eager; errors.
 //
 // Discrete routing is what makes two executors' logits incomparable token by token: any
 // difference in the activations (bf16 rounding, or just fp32 summation order, which moves a value
@@ -155,6 +156,24 @@ void run_both(Model& md, Caches& c, bool with_aux, Cpu&& cpu, Gpu&& gpu, std::st
   } else {
     CHECK(out.aux == nullptr);
   }
+}
+
+// Random trees of N nodes, one per request, over the requests' cache lengths (Tree: positions and
+// mask from tree_build); deep(b): request b's tree is a deep one.
+template <class Deep>
+Tree random_tree(Rng& rng, MlaCache const& cache, std::vector<RequestId> const& ids, int N,
+                 Deep&& deep) {
+  std::vector<int32_t> parents, prefix(ids.size());
+  for (size_t b = 0; b < ids.size(); ++b) {
+    std::vector<int32_t> const p = specdec::testing::random_parents(rng, N, deep(int(b)));
+    parents.insert(parents.end(), p.begin(), p.end());
+    int64_t len = 0;
+    REQUIRE(cache.length(ids[b], &len).ok());
+    prefix[b] = int32_t(len);
+  }
+  Tree tree;
+  tree.build(parents, prefix, N);
+  return tree;
 }
 
 std::vector<uint16_t> bf16_of(std::vector<float> const& f) {
@@ -477,6 +496,112 @@ TEST_CASE("kimi_forward_cuda: a batch on interleaved pages, then a tree verify")
   }
 }
 
+TEST_CASE("kimi_forward_cuda: a graph ladder pads the batch: real rows equal the CPU "
+          "executor's, captured padded forwards equal eager ones bit for bit, eager above it") {
+  Model md(false, 31, true);
+  KimiCudaModel graphed;  // the same weights, forwards captured
+  Status s = kimi::load_kimi_cuda_model(md.m.weights, md.m.config, &graphed);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  graphed.graphs.set_capacity(8);
+  cudaStream_t stream = nullptr;  // a created stream: the legacy default one cannot be captured
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  CudaExecutor const exec{stream};
+  Caches c(md, 4, 40, 12);  // the CPU oracle's and the eager padded forward's
+  KimiCudaCache graph_cache;
+  REQUIRE(KimiCudaCache::create_for(md.m.config, 4, 40, 12, &graph_cache).ok());
+  std::vector<RequestId> const ids{5, 2, 9};
+  for (RequestId id : ids) {
+    c.add(id);
+    REQUIRE(graph_cache.table.add_request(id).ok());
+  }
+  Rng rng(37);
+  int const V = int(md.V());
+  // cpu(model, cache, &logits, &aux) against gpu(model, cache, &out) on md.gpu (eager) and on
+  // `graphed` (captured), which must agree bit for bit.
+  auto check = [&](auto&& cpu, auto&& gpu, bool with_aux, std::string const& what) {
+    std::vector<float> eager, eager_aux;
+    run_both(md, c, with_aux, cpu,
+             [&](MlaCache* cache, kimi::CudaForwardOutput* out) {
+               Status const st = gpu(md.gpu, cache, out);
+               if (st.ok()) {
+                 eager = host(out->logits, out->tokens * out->vocab);
+                 if (with_aux) eager_aux = host(out->aux, out->tokens * out->aux_width);
+               }
+               return st;
+             },
+             what);
+    kimi::CudaForwardOutput g;
+    Status const st = gpu(graphed, &graph_cache.table, &g);
+    REQUIRE_MESSAGE(st.ok(), what, ": ", st.to_string());
+    std::vector<float> const got = host(g.logits, g.tokens * g.vocab);
+    REQUIRE(got.size() == eager.size());
+    CHECK_MESSAGE(std::memcmp(got.data(), eager.data(), 4 * got.size()) == 0, what,
+                  ": captured logits differ from eager ones");
+    if (with_aux) {
+      std::vector<float> const aux = host(g.aux, g.tokens * g.aux_width);
+      REQUIRE(aux.size() == eager_aux.size());
+      CHECK_MESSAGE(std::memcmp(aux.data(), eager_aux.data(), 4 * aux.size()) == 0, what,
+                    ": captured aux differ from eager ones");
+    }
+  };
+  std::vector<int32_t> const counts{6, 1, 11};
+  std::vector<int32_t> const flat = random_tokens(rng, 18, V);
+  check([&](KimiCpuModel const& m, MlaCache* cache, std::vector<float>* l, std::vector<float>*) {
+          return kimi::kimi_prefill(CpuExecutor{}, m, cache, ids, counts, flat, {}, l, nullptr);
+        },
+        [&](KimiCudaModel& m, MlaCache* cache, kimi::CudaForwardOutput* out) {
+          return kimi::kimi_prefill(exec, m, cache, ids, counts, flat, {}, out);
+        },
+        false, "prefill");
+  std::vector<int> const ladder{1, 2, 4}, low{1, 2};
+  for (int round = 0; round < 4; ++round) {  // 3 requests: padded to 4; the last round above {1, 2}
+    std::span<int const> const l = round < 3 ? std::span<int const>(ladder) : low;
+    std::vector<int32_t> const tok = random_tokens(rng, 3, V);
+    check([&](KimiCpuModel const& m, MlaCache* cache, std::vector<float>* lg,
+              std::vector<float>*) {
+            return kimi::kimi_decode(CpuExecutor{}, m, cache, ids, tok, {}, lg, nullptr);
+          },
+          [&](KimiCudaModel& m, MlaCache* cache, kimi::CudaForwardOutput* out) {
+            return kimi::kimi_decode(exec, m, cache, ids, tok, {}, out, kimi::LogitsMode::kFull,
+                                     l);
+          },
+          false, "decode " + std::to_string(round));
+  }
+  int const N = 5, B = 3;
+  Tree const tree = random_tree(rng, graph_cache.table, ids, N, [](int b) { return b != 1; });
+  std::vector<int32_t> const nodes = random_tokens(rng, B * N, V);
+  check([&](KimiCpuModel const& m, MlaCache* cache, std::vector<float>* lg,
+            std::vector<float>* a) {
+          return kimi::kimi_verify(CpuExecutor{}, m, cache, ids, N, nodes, tree.positions,
+                                   tree.mask, kAux, lg, a);
+        },
+        [&](KimiCudaModel& m, MlaCache* cache, kimi::CudaForwardOutput* out) {
+          return kimi::kimi_verify(exec, m, cache, ids, N, nodes, tree.positions, tree.mask, kAux,
+                                   out, kimi::LogitsMode::kFull, ladder);
+        },
+        true, "verify");
+  // 3 decodes and the verify padded, one decode above {1, 2}; captured: one decode and one
+  // verify shape (the forward above the ladder ran eagerly).
+  for (KimiCudaModel const* m : {&md.gpu, &graphed}) {
+    CHECK(m->padded_forwards == 4);
+    CHECK(m->above_ladder_forwards == 1);
+  }
+  CHECK(graphed.graphs.captures() == 2);
+  CHECK(graphed.graphs.replays() == 2);
+  CHECK(md.gpu.graphs.captures() == 0);
+  // The filler rows' page is out of the free list, on the GPU caches only.
+  CHECK(c.gpu.table.free_pages() == c.cpu.free_pages() - 1);
+  CHECK(graph_cache.table.free_pages() == c.cpu.free_pages() - 1);
+  kimi::CudaForwardOutput o;
+  std::vector<int> const unsorted{2, 1};
+  std::vector<int32_t> const tok = random_tokens(rng, 3, V);
+  specdec::testing::check_error(
+      kimi::kimi_decode(exec, graphed, &graph_cache.table, ids, tok, {}, &o,
+                        kimi::LogitsMode::kFull, unsorted),
+      specdec::StatusCode::kInvalidArgument, {"graph ladder [2,1]", "strictly increasing"});
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 TEST_CASE("kimi_forward_cuda: greedy generation equals the CPU executor's") {
   for (bool int4 : {false, true}) {
     CAPTURE(int4);
@@ -702,16 +827,7 @@ TEST_CASE("kimi_forward_cuda: captured graphs with programmatic launch replay th
          }, "decode " + std::to_string(step));
   }
   int const N = 6, B = 2;
-  std::vector<int32_t> parents, prefix(B);
-  for (int b = 0; b < B; ++b) {
-    std::vector<int32_t> const p = specdec::testing::random_parents(rng, N, b == 0);
-    parents.insert(parents.end(), p.begin(), p.end());
-    int64_t len = 0;
-    REQUIRE(graph_cache.table.length(ids[static_cast<size_t>(b)], &len).ok());
-    prefix[static_cast<size_t>(b)] = int32_t(len);
-  }
-  Tree tree;
-  tree.build(parents, prefix, N);
+  Tree const tree = random_tree(rng, graph_cache.table, ids, N, [](int b) { return b == 0; });
   std::vector<int32_t> const nodes = random_tokens(rng, B * N, V);
   both([&](KimiCudaModel& m, MlaCache* c, kimi::CudaForwardOutput* o) {
          return kimi::kimi_verify(exec, m, c, ids, N, nodes, tree.positions, tree.mask,

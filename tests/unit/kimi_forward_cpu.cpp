@@ -246,6 +246,31 @@ TEST_CASE("kimi_forward_cpu: MlaCache pages, lengths and errors") {
               {"num_layers 0"});
 }
 
+TEST_CASE("kimi_forward_cpu: MlaCache's padding page is taken once and held by no request") {
+  MlaCache c;
+  REQUIRE(MlaCache::create(2, 6, 4, 4, 3, 2, &c).ok());  // 3 pages of 4 slots
+  REQUIRE(c.add_request(1).ok());
+  REQUIRE(c.append(1, 4).ok());  // page 0
+  int32_t page = -1, again = -1;
+  REQUIRE(c.padding_page(&page).ok());
+  CHECK(page == 1);  // the lowest free page
+  CHECK(c.free_pages() == 1);
+  REQUIRE(c.padding_page(&again).ok());
+  CHECK(again == page);
+  CHECK(c.free_pages() == 1);
+  REQUIRE(c.free_request(1).ok());  // page 0 back; the padding page stays out
+  CHECK(c.free_pages() == 2);
+  REQUIRE(c.add_request(2).ok());
+  REQUIRE(c.append(2, 8).ok());
+  CHECK(pages_of(c, 2) == std::vector<int32_t>{0, 2});
+  MlaCache full;
+  REQUIRE(MlaCache::create(2, 6, 4, 4, 1, 1, &full).ok());
+  REQUIRE(full.add_request(1).ok());
+  REQUIRE(full.append(1, 1).ok());
+  check_error(full.padding_page(&page), StatusCode::kInvalidArgument,
+              {"out of pages", "filler rows", "all 1 are held"});
+}
+
 TEST_CASE("kimi_forward_cpu: prefill equals the reference, logits and aux {-1, 1, 3}") {
   for (bool int4 : {false, true}) {
     CAPTURE(int4);

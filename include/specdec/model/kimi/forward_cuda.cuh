@@ -10,6 +10,7 @@
 //                                                       MlaCache bookkeeping over device entries
 //   kimi_prefill / kimi_decode / kimi_verify(CudaExecutor{stream}, model, &cache.table, ...,
 //                                            aux_layers, &out[, LogitsMode])
+//                                                       decode / verify also [, graph ladder]
 // Arguments are the CPU executor's (host spans); the outputs stay on the device:
 //   out.logits [T, V] fp32, out.aux [T, |aux_layers| * H] fp32 (device pointers into the model's
 //   scratch, valid until the model's next forward; copy_to_host copies them); with
@@ -18,6 +19,9 @@
 // The host waits for the forward only to upload the batch's metadata (positions, cache rows,
 // page tables, masks); the math is queued on the stream, launched kernel by kernel or, with
 // model.graphs on, replayed from a CUDA graph captured for the forward's ForwardShape.
+// kimi_decode / kimi_verify take a graph ladder (policy/graph.hpp; last argument, default none):
+// a batch of B requests runs padded to the smallest ladder size >= B, and above the largest size
+// eagerly, never captured (cuda_forward).
 //
 // Per layer (T tokens; bf16 GEMMs (gemm_bf16: ops::linear_bf16 up to 8 rows, cuBLAS beyond) take
 // bf16 inputs and accumulate in fp32, so the activations entering a GEMM are rounded to bf16 as
@@ -78,6 +82,7 @@
 #include "specdec/ops/mla_attention/mla_attention.hpp"
 #include "specdec/ops/moe_experts/moe_experts.hpp"
 #include "specdec/ops/moe_route/moe_route.hpp"
+#include "specdec/policy/graph.hpp"
 
 namespace specdec::model::kimi {
 
@@ -164,6 +169,9 @@ class KimiCudaModel {
   // forwards give the same bits (same kernels, same order); a graph saves the host's per-kernel
   // launch work (~25 kernels per layer) and the gaps between kernels. Needs a created stream.
   GraphCache<detail::ForwardShape> graphs;
+  // Decode / verify forwards given a graph ladder (cuda_forward) that ran padded, and that ran
+  // above it (eagerly).
+  int64_t padded_forwards = 0, above_ladder_forwards = 0;
 
   KimiCudaModel() = default;
   KimiCudaModel(KimiCudaModel&&) = default;
@@ -771,6 +779,7 @@ struct BatchMeta {
   static constexpr int64_t kSlotBucket = 256;
   static constexpr int kPageBucket = 8;
   std::vector<int32_t> host;
+  int64_t num_tokens = 0, batch = 0;  // rows and requests, filler included
   int64_t tokens = 0, positions = 0, rows = 0, token_request = 0, token_index = 0, base = 0,
           page_table = 0, mask = 0;
   int max_pages = 0;       // page-table columns: the most pages a request holds, rounded up
@@ -778,8 +787,19 @@ struct BatchMeta {
   int64_t max_slots = 1;   // the largest base + count, rounded up: the attention's slot bound
 };
 
-inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMeta* m) {
-  int64_t const T = plan.num_tokens(), B = static_cast<int64_t>(plan.segments.size());
+// Filler requests appended to a batch (cuda_forward's graph ladder): `requests` of `tokens`
+// rows each, on cache page `page`.
+struct BatchPadding {
+  int64_t requests = 0, tokens = 0;
+  int32_t page = -1;
+};
+
+inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchPadding const& pad,
+                         BatchMeta* m) {
+  int64_t const T0 = plan.num_tokens(), B0 = static_cast<int64_t>(plan.segments.size());
+  int64_t const T = T0 + pad.requests * pad.tokens, B = B0 + pad.requests;
+  m->num_tokens = T;
+  m->batch = B;
   int max_pages = 1;
   for (ForwardSegment const& s : plan.segments) {
     std::span<int32_t const> pages;
@@ -806,10 +826,11 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
   m->token_index = region(T);
   m->base = region(B);
   m->page_table = region(B * m->max_pages);
-  m->mask = region(static_cast<int64_t>(plan.mask.size()));
+  int const words = std::max(plan.words, 1);
+  m->mask = region(plan.mask.empty() ? 0 : T * words);
   m->host.assign(static_cast<size_t>(at), -1);
   int32_t* h = m->host.data();
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < B0; ++b) {
     ForwardSegment const& s = plan.segments[static_cast<size_t>(b)];
     std::span<int32_t const> pages;
     SPECDEC_RETURN_IF_ERROR(cache.pages(s.id, &pages));
@@ -825,6 +846,26 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchMe
     }
   }
   std::copy(plan.mask.begin(), plan.mask.end(), reinterpret_cast<uint32_t*>(h + m->mask));
+  // Filler rows: every page-table column on the padding page, token i at slot i (row page * ps +
+  // i % ps), position i, seeing only itself in a tree.
+  int64_t const ps = cache.page_size();
+  for (int64_t b = B0; b < B; ++b) {
+    std::fill_n(h + m->page_table + b * m->max_pages, m->max_pages, pad.page);
+    h[m->base + b] = 0;
+    for (int64_t i = 0; i < pad.tokens; ++i) {
+      int64_t const t = T0 + (b - B0) * pad.tokens + i;
+      h[m->tokens + t] = 0;
+      h[m->positions + t] = static_cast<int32_t>(i);
+      h[m->rows + t] = static_cast<int32_t>(pad.page * ps + i % ps);
+      h[m->token_request + t] = static_cast<int32_t>(b);
+      h[m->token_index + t] = static_cast<int32_t>(i);
+      if (!plan.mask.empty()) {
+        uint32_t* row = reinterpret_cast<uint32_t*>(h + m->mask) + t * words;
+        std::fill_n(row, words, 0u);
+        row[i / 32] = uint32_t{1} << (i % 32);
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -1090,21 +1131,45 @@ inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta co
   return Status::Ok();
 }
 
+// The graph ladder (policy/graph.hpp: GraphLadder's sizes, strictly increasing, >= 1; empty:
+// none). A decode or verify forward of B requests with B <= the largest size runs as a batch of
+// the smallest size >= B: each added request is filler (token 0 at positions 0.., as many tokens
+// as a real one, written to and read from MlaCache::padding_page, attending only to itself), its
+// outputs not returned. So a few shapes serve every batch size, and a padded forward gives the
+// same bits captured or eager. Above the largest size the forward runs its B requests eagerly,
+// never captured. Without a ladder nothing is padded, and every decode / verify shape is captured
+// (when model.graphs is on). Prefill chunks are never padded nor captured.
 inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
-                           std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
+                           std::span<int const> aux_layers, LogitsMode mode,
+                           std::span<int const> ladder, cudaStream_t stream,
                            CudaForwardOutput* out) {
   int64_t const T = plan.num_tokens(), H = m.config.hidden_size;
+  int64_t const B = static_cast<int64_t>(plan.segments.size());
   int const A = static_cast<int>(aux_layers.size());
+  // The graph ladder: pad to the smallest size >= B, or run eagerly above the largest.
+  bool const step = plan.kind != ForwardKind::kPrefill;
+  int const rung = step && !ladder.empty()
+                       ? graph_bucket(ladder.data(), static_cast<int>(ladder.size()),
+                                      static_cast<int>(B))
+                       : -1;
+  BatchPadding pad;
+  if (rung > B) {
+    pad.requests = rung - B;
+    pad.tokens = T / B;  // decode 1, verify N: every request has as many
+    SPECDEC_RETURN_IF_ERROR(cache->padding_page(&pad.page));
+  }
+  bool const captured = step && (ladder.empty() || rung > 0);
   BatchMeta bm;
-  SPECDEC_RETURN_IF_ERROR(build_meta(*cache, plan, &bm));
+  SPECDEC_RETURN_IF_ERROR(build_meta(*cache, plan, pad, &bm));
+  int64_t const Tp = bm.num_tokens;
   KimiCudaModel::Scratch s{};
   SPECDEC_RETURN_IF_ERROR(
-      reserve_scratch(m, T, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
+      reserve_scratch(m, Tp, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
   SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
                                    cudaMemcpyHostToDevice, stream));
   ForwardShape shape;
-  shape.tokens = T;
-  shape.batch = static_cast<int64_t>(plan.segments.size());
+  shape.tokens = Tp;
+  shape.batch = bm.batch;
   shape.meta_ints = static_cast<int64_t>(bm.host.size());
   shape.max_pages = bm.max_pages;
   shape.words = bm.words;
@@ -1117,8 +1182,9 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   shape.num_pages = cache->num_pages();
   auto queue = [&] { return cuda_forward_queue(m, cache, bm, shape, s, stream); };
   // Prefill chunks are eager: their shapes rarely repeat, and each would evict a step's graph.
-  SPECDEC_RETURN_IF_ERROR(plan.kind == ForwardKind::kPrefill ? queue()
-                                                             : m.graphs.run(shape, stream, queue));
+  SPECDEC_RETURN_IF_ERROR(captured ? m.graphs.run(shape, stream, queue) : queue());
+  m.padded_forwards += pad.requests > 0;
+  m.above_ladder_forwards += step && !ladder.empty() && rung < 0;
   out->argmax = mode == LogitsMode::kArgmax ? s.argmax : nullptr;
   out->vocab = mode == LogitsMode::kArgmax ? m.vocab.size() : m.config.vocab_size;
   out->logits = s.logits;
@@ -1147,14 +1213,20 @@ inline Status cuda_check(std::string const& fn, KimiCudaModel const& m, MlaCache
 
 template <class Plan>
 Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
-                std::span<int const> aux_layers, LogitsMode mode, cudaStream_t stream,
-                CudaForwardOutput* out, Plan&& plan_fn) {
+                std::span<int const> aux_layers, LogitsMode mode, std::span<int const> ladder,
+                cudaStream_t stream, CudaForwardOutput* out, Plan&& plan_fn) {
   try {
     SPECDEC_RETURN_IF_ERROR(cuda_check(fn, m, cache, out));
+    if (!ladder.empty() && graph_ladder_error(ladder) != GraphLadderError::kOk) {
+      return Status::InvalidArgument(fn + "graph ladder " + format_layers(ladder) +
+                                     ": batch sizes must be >= 1 and strictly increasing");
+    }
+    int32_t page = -1;  // the filler rows' page, taken before the plan reserves any
+    if (!ladder.empty()) SPECDEC_RETURN_IF_ERROR(cache->padding_page(&page));
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_fn(&plan));
     SPECDEC_RETURN_IF_ERROR(
-        cuda_forward(m, cache, plan, aux_layers, mode, stream, out).prefixed(fn));
+        cuda_forward(m, cache, plan, aux_layers, mode, ladder, stream, out).prefixed(fn));
     return finish_forward(cache, plan);
   } catch (std::exception const& e) {
     return Status::Internal(fn + e.what());
@@ -1170,7 +1242,8 @@ inline Status kimi_prefill(CudaExecutor e, KimiCudaModel& model, MlaCache* cache
                            std::span<int32_t const> tokens, std::span<int const> aux_layers,
                            CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull) {
   std::string const fn = "kimi_prefill (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, {}, e.stream, out,
+                          [&](ForwardPlan* p) {
     return plan_prefill(fn, model.config, cache, requests, counts, tokens, aux_layers, p);
   });
 }
@@ -1178,9 +1251,11 @@ inline Status kimi_prefill(CudaExecutor e, KimiCudaModel& model, MlaCache* cache
 inline Status kimi_decode(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
                           std::span<RequestId const> requests, std::span<int32_t const> tokens,
                           std::span<int const> aux_layers, CudaForwardOutput* out,
-                          LogitsMode mode = LogitsMode::kFull) {
+                          LogitsMode mode = LogitsMode::kFull,
+                          std::span<int const> graph_ladder = {}) {
   std::string const fn = "kimi_decode (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, graph_ladder, e.stream, out,
+                          [&](ForwardPlan* p) {
     return plan_decode(fn, model.config, cache, requests, tokens, aux_layers, p);
   });
 }
@@ -1189,9 +1264,11 @@ inline Status kimi_verify(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
                           std::span<RequestId const> requests, int nodes,
                           std::span<int32_t const> tokens, std::span<int32_t const> positions,
                           std::span<uint32_t const> mask, std::span<int const> aux_layers,
-                          CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull) {
+                          CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull,
+                          std::span<int const> graph_ladder = {}) {
   std::string const fn = "kimi_verify (cuda): ";
-  return detail::cuda_run(fn, model, cache, aux_layers, mode, e.stream, out, [&](ForwardPlan* p) {
+  return detail::cuda_run(fn, model, cache, aux_layers, mode, graph_ladder, e.stream, out,
+                          [&](ForwardPlan* p) {
     return plan_verify(fn, model.config, cache, requests, nodes, tokens, positions, mask,
                        aux_layers, p);
   });

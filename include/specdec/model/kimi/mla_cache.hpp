@@ -23,7 +23,8 @@
 //   pages   page table: capacity = pages * page_size slots; at most max_pages_per_request
 // Operations: add_request, reserve (pages for slots [0, n), all-or-nothing over a batch), append
 // (length += n), stage, commit (length over staged slots), truncate (length back, whole pages past
-// it returned to the free list), free_request (every page back). Pages are taken from the free
+// it returned to the free list), free_request (every page back); padding_page (one page kept for
+// the filler rows of padded forwards). Pages are taken from the free
 // list lowest page first, so requests that grow in turn interleave their pages.
 // Every error (unknown or duplicate request, out of pages, a page table past
 // max_pages_per_request, a slot or length beyond what the request holds) is a Status naming the
@@ -157,6 +158,25 @@ class MlaCache {
                                      " already exists (free it first)");
     }
     requests_[id];
+    return Status::Ok();
+  }
+
+  // The page that the filler rows of a padded forward write and read (model/kimi/forward_cuda.cuh:
+  // a decode or verify batch padded to its graph ladder's size). The first call takes the lowest
+  // free page for good; later calls return the same page. No request ever holds it, and it counts
+  // as used in free_pages(). Out of pages: an error, and nothing changes.
+  Status padding_page(int32_t* out) {
+    if (padding_page_ < 0) {
+      if (free_.empty()) {
+        return Status::InvalidArgument(
+            "MlaCache: out of pages: a padded forward needs one page for its filler rows, and all " +
+            std::to_string(num_pages_) + " are held: free finished requests or create the cache " +
+            "with more pages");
+      }
+      padding_page_ = free_.back();
+      free_.pop_back();
+    }
+    *out = padding_page_;
     return Status::Ok();
   }
 
@@ -408,6 +428,7 @@ class MlaCache {
   std::vector<float> data_;    // [L][num_pages, page_size, W] (host entries)
   float* external_ = nullptr;  // the caller's entries (create_external), shared by copies
   std::vector<int32_t> free_;  // free pages, decreasing (pop_back = lowest)
+  int32_t padding_page_ = -1;  // padding_page(), once taken
   std::map<RequestId, Request> requests_;
 };
 
