@@ -56,6 +56,18 @@ else()
   set_tests_properties(demo.bench_plot PROPERTIES DISABLED TRUE LABELS demo)
 endif()
 
+# demo.eval_accept: tools/demo/eval_accept.py --self-test, its count of repeated 5-grams (how
+# repetitive the target's greedy text is) against counts written out by hand. Under a second.
+if(SPECDEC_PYTHON3)
+  add_test(NAME demo.eval_accept
+           COMMAND ${SPECDEC_PYTHON3} ${PROJECT_SOURCE_DIR}/tools/demo/eval_accept.py --self-test)
+  set_tests_properties(demo.eval_accept PROPERTIES TIMEOUT 60 LABELS demo)
+else()
+  message(STATUS "specdec: demo.eval_accept disabled: python3 not found")
+  add_test(NAME demo.eval_accept COMMAND python3 tools/demo/eval_accept.py --self-test)
+  set_tests_properties(demo.eval_accept PROPERTIES DISABLED TRUE LABELS demo)
+endif()
+
 # demo.prepare_data: tools/demo/prepare_data.py --unseen-dir (prompts from text the target never
 # trained on) on a small corpus: a copy of a corpus file is left out, the new file's prompts are
 # windows of its own token stream, __pycache__ is not read, a non-UTF-8 file is skipped;

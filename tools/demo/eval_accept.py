@@ -14,10 +14,13 @@ per-position acceptance and both decode rates (means over the prompts; their rat
 decode_speedup), and writes them with the per-prompt figures to --out. It also reports how
 repetitive the target's greedy text is: the share of generated tokens that complete a 5-gram
 already seen in the prompt or the output (any drafter gains on repeated text; n-gram lookup
-gains on nothing else), per prompt and over all prompts (repeated_5gram_share). The *_generate_seconds
-are whole generate calls, each in a fresh process: they include one-time work (the draft's
-prefill, the first cuBLAS calls, capturing each CUDA graph shape), so they are no speed figure.
+gains on nothing else), per prompt and over all prompts (repeated_5gram_share). The
+*_generate_seconds are whole generate calls, each in a fresh process: they include one-time
+work (the draft's prefill, the first cuBLAS calls, capturing each CUDA graph shape), so they are
+no speed figure.
 Exit status 1 on a mismatch or a failed run.
+
+    python3 tools/demo/eval_accept.py --self-test   (ctest demo.eval_accept: the 5-gram count)
 """
 
 import argparse
@@ -49,17 +52,44 @@ def repeated_ngram_count(prompt, output, n=5):
     return count
 
 
+def self_test():
+    """repeated_ngram_count against counts written out by hand."""
+    cases = [
+        ([1, 2, 3, 4], [5, 1, 2, 3, 4, 5, 9], 1),  # 1 2 3 4 5 comes again; 2 3 4 5 9 is new
+        ([], [7] * 7, 2),                           # 7 7 7 7 7 at rows 4, 5, 6: the last two repeat
+        ([1, 2, 3, 4, 5], [], 0),                   # no output
+        ([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], 0),      # one token short of the prompt's 5-gram
+        ([1, 2, 3, 4, 5, 1, 2, 3, 4], [5], 1),      # the prompt's own 5-gram comes back
+        ([9, 9], [9, 9, 9, 9], 1),                  # 5-grams start inside the prompt
+    ]
+    bad = 0
+    for prompt, output, want in cases:
+        got = repeated_ngram_count(prompt, output)
+        if got != want:
+            print("eval_accept self-test: repeated_ngram_count(%s, %s) = %d, want %d" % (
+                prompt, output, got, want), file=sys.stderr)
+            bad += 1
+    print("eval_accept self-test: %d of %d cases right" % (len(cases) - bad, len(cases)))
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--specdec-kimi", required=True)
-    ap.add_argument("--model-path", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--self-test", action="store_true", help="check the 5-gram count (ctest)")
+    ap.add_argument("--specdec-kimi")
+    ap.add_argument("--model-path")
+    ap.add_argument("--draft")
+    ap.add_argument("--prompts")
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.self_test:
+        sys.exit(self_test())
+    for flag in ("specdec_kimi", "model_path", "draft", "prompts"):
+        if getattr(a, flag) is None:
+            ap.error("--%s is required (or --self-test)" % flag.replace("_", "-"))
 
     prompts = [json.loads(line)["input_ids"] for line in open(a.prompts) if line.strip()]
     prompts = prompts[: a.count]
