@@ -1138,10 +1138,11 @@ inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta co
 // outputs not returned. So a few shapes serve every batch size, and a padded forward gives the
 // same bits captured or eager. Above the largest size the forward runs its B requests eagerly,
 // never captured. Without a ladder nothing is padded, and every decode / verify shape is captured
-// (when model.graphs is on). Prefill chunks are never padded nor captured.
+// (when model.graphs is on). Prefill chunks are never padded nor captured. `padding_page`: the
+// cache's (MlaCache::padding_page), taken by the caller when there is a ladder.
 inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
                            std::span<int const> aux_layers, LogitsMode mode,
-                           std::span<int const> ladder, cudaStream_t stream,
+                           std::span<int const> ladder, int32_t padding_page, cudaStream_t stream,
                            CudaForwardOutput* out) {
   int64_t const T = plan.num_tokens(), H = m.config.hidden_size;
   int64_t const B = static_cast<int64_t>(plan.segments.size());
@@ -1156,7 +1157,7 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
   if (rung > B) {
     pad.requests = rung - B;
     pad.tokens = T / B;  // decode 1, verify N: every request has as many
-    SPECDEC_RETURN_IF_ERROR(cache->padding_page(&pad.page));
+    pad.page = padding_page;
   }
   bool const captured = step && (ladder.empty() || rung > 0);
   BatchMeta bm;
@@ -1226,7 +1227,7 @@ Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_fn(&plan));
     SPECDEC_RETURN_IF_ERROR(
-        cuda_forward(m, cache, plan, aux_layers, mode, ladder, stream, out).prefixed(fn));
+        cuda_forward(m, cache, plan, aux_layers, mode, ladder, page, stream, out).prefixed(fn));
     return finish_forward(cache, plan);
   } catch (std::exception const& e) {
     return Status::Internal(fn + e.what());

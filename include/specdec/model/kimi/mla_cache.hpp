@@ -23,9 +23,9 @@
 //   pages   page table: capacity = pages * page_size slots; at most max_pages_per_request
 // Operations: add_request, reserve (pages for slots [0, n), all-or-nothing over a batch), append
 // (length += n), stage, commit (length over staged slots), truncate (length back, whole pages past
-// it returned to the free list), free_request (every page back); padding_page (one page kept for
-// the filler rows of padded forwards). Pages are taken from the free
-// list lowest page first, so requests that grow in turn interleave their pages.
+// it returned to the free list), free_request (every page back), padding_page (one page kept for
+// the filler rows of padded forwards). Pages are taken from the free list lowest page first, so
+// requests that grow in turn interleave their pages.
 // Every error (unknown or duplicate request, out of pages, a page table past
 // max_pages_per_request, a slot or length beyond what the request holds) is a Status naming the
 // request and the numbers; a failed call changes nothing.
@@ -169,9 +169,9 @@ class MlaCache {
     if (padding_page_ < 0) {
       if (free_.empty()) {
         return Status::InvalidArgument(
-            "MlaCache: out of pages: a padded forward needs one page for its filler rows, and all " +
-            std::to_string(num_pages_) + " are held: free finished requests or create the cache " +
-            "with more pages");
+            "MlaCache: out of pages: a padded forward needs one page for its filler rows, and " +
+            std::string("all ") + std::to_string(num_pages_) +
+            " are held: free finished requests or create the cache with more pages");
       }
       padding_page_ = free_.back();
       free_.pop_back();
