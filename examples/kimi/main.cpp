@@ -49,8 +49,9 @@
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
 //       and the EAGLE draft on the GPU) on a stream of its own; the target's decode and verify
-//       forwards are captured as CUDA graphs (up to kCudaGraphShapes shapes, replayed after;
-//       --disable-cuda-graph launches every kernel from the host). --speculative-config auto
+//       forwards run padded to the bundles' graph ladder (ServedGraph) and are captured as CUDA
+//       graphs, one per ladder size (up to kCudaGraphShapes shapes, replayed after), eagerly
+//       above it; --disable-cuda-graph launches every kernel from the host. --speculative-config auto
 //       (with an algorithm, without the tree flags, at --tp-size 1) measures plain decoding and
 //       every compiled tree of the algorithm on the request's first 32 tokens, predicts each
 //       one's throughput (engine/advisor.hpp) and runs the request with the best, or plainly when
@@ -218,7 +219,7 @@ namespace {
 
 using specdec::Status;
 
-// The bundles this binary serves (on the CPU, eager): Kimi-K2.5's defaults (core/dispatch.hpp)
+// The bundles this binary serves: Kimi-K2.5's defaults (core/dispatch.hpp)
 // and, for the tiny preset's and the demo's 4 layers, EAGLE-3 over layers [0, 1, 2] (what
 // `init-random --draft eagle3 --layers 0,1,2` writes, and models/demo/draft) as chains of 1 to 4
 // steps and two trees (what bench and --speculative-config auto sweep), plus EAGLE-1/2 and n-gram
@@ -226,17 +227,22 @@ using specdec::Status;
 // scheduler) once more in this file: with bench, chains 1, 2, 4 and tree 2x3/6 took its g++ -O3
 // compile from about 108 s to 120 s (median of 4-5 runs on a 2-core CI-like box, noisy +-10%)
 // and its peak memory from 1.93 to 2.49 GB (0.43 GB of it the four bundles); nvcc: 162 -> 187 s.
+// Every bundle has the graph ladder of KimiK25GraphLadder (batch sizes 1, 2, 4, .., 256): on the
+// CUDA executor the target's step forwards run padded to it, one CUDA graph per size, eagerly
+// above 256 (policy/graph.hpp; --disable-cuda-graph keeps the padding and captures nothing). The
+// CPU executor has no graphs. One ladder, not an Eager twin of each bundle, keeps the build lean.
+using ServedGraph = specdec::KimiK25GraphLadder;
 using TinyLayers = specdec::Layers<0, 1, 2>;
 template <class Tree>
-using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, specdec::Eager>;
+using TinyEagle3 = specdec::SpecPolicy<specdec::Eagle3, TinyLayers, Tree, ServedGraph>;
 template <class Tree>
-using EaglePolicy = specdec::SpecPolicy<specdec::Eagle, specdec::Layers<>, Tree, specdec::Eager>;
+using EaglePolicy = specdec::SpecPolicy<specdec::Eagle, specdec::Layers<>, Tree, ServedGraph>;
 template <class Tree>
-using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree, specdec::Eager>;
+using NGramPolicy = specdec::SpecPolicy<specdec::NGram, specdec::Layers<>, Tree, ServedGraph>;
 using ServedPolicies = specdec::PolicyList<
-    specdec::KimiK25Eagle3Chain<specdec::Eager>, specdec::KimiK25Eagle3Top4<specdec::Eager>,
-    specdec::KimiK25Eagle3Top8<specdec::Eager>, specdec::KimiK25NGramChain<specdec::Eager>,
-    specdec::KimiK25NoDraft<specdec::Eager>, TinyEagle3<specdec::Chain<1>>,
+    specdec::KimiK25Eagle3Chain<ServedGraph>, specdec::KimiK25Eagle3Top4<ServedGraph>,
+    specdec::KimiK25Eagle3Top8<ServedGraph>, specdec::KimiK25NGramChain<ServedGraph>,
+    specdec::KimiK25NoDraft<ServedGraph>, TinyEagle3<specdec::Chain<1>>,
     TinyEagle3<specdec::Chain<2>>, TinyEagle3<specdec::Chain<3>>, TinyEagle3<specdec::Chain<4>>,
     TinyEagle3<specdec::TreeShape<2, 3, 6>>, TinyEagle3<specdec::TreeShape<4, 3, 8>>,
     EaglePolicy<specdec::Chain<3>>,
@@ -660,8 +666,14 @@ struct GenerateFlags {
   int32_t top_k = 0;
   float top_p = 1.0f;
   bool json = false, self_check = true;
-  bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager
-  specdec::SpecConfig spec;  // algorithm NONE: steps 0, topk 0, nodes 1
+  bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager (still padded)
+  // algorithm NONE: steps 0, topk 0, nodes 1; the served bundles' graph ladder
+  specdec::SpecConfig spec = [] {
+    specdec::SpecConfig c;
+    auto const ladder = ServedGraph::batch_sizes();
+    c.cuda_graph_bs.assign(ladder.begin(), ladder.end());
+    return c;
+  }();
   bool have_algorithm = false, have_steps = false, have_topk = false, have_nodes = false;
   bool auto_config = false;  // --speculative-config auto (generate): calibrate, then choose
   bool sweep = false;        // bench without the tree flags: every compiled tree of the algorithm
@@ -789,13 +801,16 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
     if constexpr (Engine::kDraftsWithModel) {
       draft->model.step_graphs = g.cuda_graph ? kCudaGraphShapes : 0;
     }
-    tail = g.cuda_graph ? "; cuda graph: decode and verify forwards (up to " +
+    std::string const ladder = specdec::format_layers(ServedGraph::batch_sizes());
+    tail = g.cuda_graph ? "; cuda graph: decode and verify forwards padded to batch sizes " +
+                                ladder + ", eager above (up to " +
                                 std::to_string(kCudaGraphShapes) + " shapes)" +
                                 (Engine::kDraftsWithModel
-                                     ? ", the draft's proposal and extend (up to " +
+                                     ? ", the draft's proposal and extend per batch size (up to " +
                                            std::to_string(kCudaGraphShapes) + " shapes each)"
                                      : std::string())
-                          : "; cuda graph: off (--disable-cuda-graph)";
+                          : "; cuda graph: off (--disable-cuda-graph; forwards still padded to " +
+                                ladder + ")";
   }
 #endif
   if (!g.draft_steps.empty()) {
@@ -1419,7 +1434,7 @@ Status capture_on(GenerateFlags const& g, CaptureFlags const& cf, auto* target,
                   specdec::model::kimi::CaptureRows* rows, CaptureTimes* times) {
   namespace kimi = specdec::model::kimi;
   namespace se = specdec::engine;
-  using Engine = se::SpecEngine<specdec::KimiK25NoDraft<specdec::Eager>, Exec>;
+  using Engine = se::SpecEngine<specdec::KimiK25NoDraft<ServedGraph>, Exec>;
   using Clock = std::chrono::steady_clock;
   EngineExecutor<Exec> exec;
   SPECDEC_RETURN_IF_ERROR(exec.create());

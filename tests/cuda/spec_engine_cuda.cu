@@ -15,6 +15,7 @@
 //     outputs alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
+//   * a GraphLadder policy pads the target's step forwards (graphed = eager, lossless);
 //   * with the target's forwards replayed from CUDA graphs the engine's output and acceptance
 //     are the eager engine's, exactly;
 //   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
@@ -226,6 +227,29 @@ TEST_CASE("engine (cuda): forwards and proposals replayed from CUDA graphs give 
   check_graphs_equal_eager<E3<TreeShape<4, 3, 16>>>(requests);
   check_graphs_equal_eager<E3<TreeShape<1, 5, 6>>>(requests);
   check_graphs_equal_eager<EG<TreeShape<2, 3, 6>>>(requests);
+}
+
+// A GraphLadder policy: the target's step forwards run padded to the ladder (3 requests to 4,
+// then 2 and 1 as they finish), captured per size. Graphed equals eager exactly; speculation
+// equals plain decoding (up to near-ties: a padded verify's GEMMs may round unlike B rows').
+using Ladder = GraphLadder<1, 2, 4>;
+using PlainLadder = SpecPolicy<NoDraft, Layers<>, NoTree, Ladder>;
+using E3Ladder = SpecPolicy<Eagle3, testing::TinyLayers, TreeShape<4, 3, 16>, Ladder>;
+
+TEST_CASE("engine (cuda): a GraphLadder policy pads the batch; graphed equals eager, lossless") {
+  auto const requests = mixed_requests();
+  int64_t const padded = models().gpu.padded_forwards;
+  check_graphs_equal_eager<PlainLadder>(requests);
+  check_graphs_equal_eager<E3Ladder>(requests);
+  CHECK(models().gpu.padded_forwards > padded);
+  CHECK(models().gpu.above_ladder_forwards == 0);
+  auto const want = run<Plain>(requests);
+  auto const plain = run<PlainLadder>(requests);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    check_same_or_near_tie(requests[r].prompt, want[r].output_ids, plain[r].output_ids);
+  }
+  check_lossless<E3Ladder>(requests, want);
 }
 
 // Requests admitted one per step into a SpecEngine::Session of `max_running` slots, prefilled

@@ -54,7 +54,10 @@
 // Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
 //   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU references
 //   SpecEngine<P, CudaExecutor>  (CUDA translation units) the CUDA Kimi forward, verify and
-//                                kv_commit kernels on the device logits and cache, and the EAGLE
+//                                kv_commit kernels on the device logits and cache (the target's
+//                                step forwards padded to the policy's GraphLadder, eager above
+//                                it, captured when KimiCudaModel::graphs is on; Eager: no
+//                                padding, every shape captured when graphs are on), and the EAGLE
 //                                draft on the device (DraftCudaModel, model/eagle/forward_cuda.cuh:
 //                                extend on the target's aux rows gathered on the device, steps,
 //                                draft_expand / draft_finalize's CUDA kernels, the proposal's
@@ -774,6 +777,8 @@ class SpecEngine {
     explicit Session(SpecEngine const& engine)
         : e_(engine), cfg_(engine.target_->config), target_(engine.target_, engine.exec_) {
       totals_.reserve_depth(kPathCapacity - 1);
+      // The policy's graph ladder: the CUDA target's verify forwards run padded to it.
+      if constexpr (!kHostDraft) target_.set_graph_ladder(P::Graph::batch_sizes());
     }
     Session(Session const&) = delete;
     Session& operator=(Session const&) = delete;

@@ -6,6 +6,9 @@
 // back (the host waits once per call: accept_commit's upload, verify and kv_commit, read-back are
 // one round trip), while logits stay on the device. A vocabulary-sharded
 // target keeps only the argmax of an all-greedy batch, as CpuTarget does.
+//   set_graph_ladder(sizes)   the policy's graph ladder (policy/graph.hpp; before create_cache):
+//       verify forwards run padded to it and eagerly above it (model/kimi/forward_cuda.cuh's
+//       cuda_forward); create_cache adds one page for the filler rows
 //   gather_aux_rows(rows [R] host, &features)   the last forward's aux rows gathered ON THE
 //       DEVICE into a buffer of the target's [R, aux_width] (valid until the next gather; the
 //       CUDA EAGLE draft reads it there, nothing is copied to the host)
@@ -123,9 +126,16 @@ class CudaTarget {
   io::DeepseekV3Config const& config() const { return model_->config; }
   model::kimi::MlaCache& table() { return cache_.table; }
 
+  void set_graph_ladder(std::span<int const> batch_sizes) { ladder_ = batch_sizes; }
+
+  // With a graph ladder the cache holds one page more than total_pages: the padded forwards'
+  // filler page, taken at once, so that requests still have total_pages.
   Status create_cache(int page_size, int total_pages, int max_pages_per_request) {
-    return model::kimi::KimiCudaCache::create_for(model_->config, page_size, total_pages,
-                                                  max_pages_per_request, &cache_);
+    int const extra = ladder_.empty() ? 0 : 1;
+    SPECDEC_RETURN_IF_ERROR(model::kimi::KimiCudaCache::create_for(
+        model_->config, page_size, total_pages + extra, max_pages_per_request, &cache_));
+    int32_t page = -1;
+    return extra ? cache_.table.padding_page(&page) : Status::Ok();
   }
 
   Status prefill(std::span<RequestId const> ids, std::span<int32_t const> counts,
@@ -142,7 +152,7 @@ class CudaTarget {
                 std::span<int const> aux_layers, bool all_greedy) {
     SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_verify(exec_, *model_, &cache_.table, ids, nodes,
                                                      tokens, positions, mask, aux_layers, &out_,
-                                                     logits_mode(all_greedy)));
+                                                     logits_mode(all_greedy), ladder_));
     return finish_forward();
   }
 
@@ -335,6 +345,7 @@ class CudaTarget {
 
   Model* model_;
   CudaExecutor exec_;
+  std::span<int const> ladder_;  // the policy's (static storage); empty: no padding
   model::kimi::KimiCudaCache cache_;
   model::kimi::CudaForwardOutput out_;
   detail::Staging<float> picked_, temperature_, top_p_, aux_gathered_;

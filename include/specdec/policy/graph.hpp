@@ -1,8 +1,13 @@
 // Graph capture policies: how the engine launches one speculative step.
-//   Eager                    every launch is eager
-//   GraphLadder<Bs...>       the step is captured as a CUDA graph for each batch size Bs (strictly
-//                            increasing, positive); a batch runs in the graph of the smallest size
-//                            >= its own (padded), above the largest size it runs eager
+//   Eager                    no ladder: the engine pads nothing (on the CUDA executor each step
+//                            shape is its own, captured only if the caller turns the target's
+//                            graph cache on, KimiCudaModel::graphs)
+//   GraphLadder<Bs...>       batch sizes Bs (strictly increasing, positive): the CUDA engine's
+//                            target forwards run a batch padded to the smallest size >= its own,
+//                            one CUDA graph per size (with KimiCudaModel::graphs on); above the
+//                            largest size they run eagerly (model/kimi/forward_cuda.cuh's
+//                            cuda_forward). The draft's proposals and extends are captured per
+//                            exact shape (DraftCudaModel::step_graphs), not padded.
 // Run-time mirror: SpecConfig::cuda_graph_bs (--cuda-graph-bs), empty = Eager.
 #pragma once
 
