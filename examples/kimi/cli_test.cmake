@@ -240,6 +240,26 @@ expect_refusal("heads that do not split" "rank [0-2] of 3: .*num_attention_heads
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 
+# --cuda-graph-bs states the compiled graph ladder (SGLang's spaced form or a comma list); any
+# other ladder is a usage error naming the compiled one.
+execute_process(COMMAND "${KIMI}" ${greedy} --cuda-graph-bs 1 2 4 8 16 32 64 128 256
+                OUTPUT_VARIABLE ladder_out ERROR_VARIABLE ladder_err RESULT_VARIABLE rc)
+string(JSON ladder_ids ERROR_VARIABLE ladder_json_error GET "${ladder_out}" output_ids)
+if(NOT rc EQUAL 0 OR NOT ladder_ids STREQUAL plain_ids)
+  message(FATAL_ERROR "--cuda-graph-bs with the compiled ladder: exit ${rc}, ids ${ladder_ids} "
+                      "(plain ${plain_ids}): ${ladder_err}")
+endif()
+set(ladder_refused "--cuda-graph-bs \\[[0-9,]+\\]: this specdec-kimi's bundles are compiled "
+                   "for the graph ladder \\[1,2,4,8,16,32,64,128,256\\]")
+string(CONCAT ladder_refused ${ladder_refused})
+foreach(ladder "1,2,4" "1;2;4;8;16;32;64;128;256;512")
+  run_kimi(out rc ${greedy} --cuda-graph-bs ${ladder})
+  if(NOT rc EQUAL 2 OR NOT out MATCHES "${ladder_refused}")
+    message(FATAL_ERROR "--cuda-graph-bs ${ladder}: exit ${rc}, expected 2 and the compiled "
+                        "ladder named: ${out}")
+  endif()
+endforeach()
+
 # --speculative-draft-steps-by-batch: a batch of 1 from batch 1 on drafts 1 step of the chain
 # of 3 (2 verified tokens), said in the configuration line; the output stays plain decoding's;
 # bad text and a rule the policy cannot take are refused by name.

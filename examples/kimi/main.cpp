@@ -39,7 +39,7 @@
 //                         [--no-self-check] [--tp-size N] [--moe-split expert|tensor]
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //                         [--random-weights SEED] [--disable-cuda-graph]
-//                         [--speculative-config auto]
+//                         [--cuda-graph-bs B1 B2 ...] [--speculative-config auto]
 //                         [--speculative-draft-steps-by-batch B:S,...]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
@@ -49,9 +49,11 @@
 //       stderr. Unless --no-self-check, a few greedy steps on a built-in prompt run first and
 //       warn when nothing is accepted. --device cuda runs SpecEngine<P, CudaExecutor> (the target
 //       and the EAGLE draft on the GPU) on a stream of its own; the target's decode and verify
-//       forwards run padded to the bundles' graph ladder (ServedGraph) and are captured as CUDA
-//       graphs, one per ladder size (up to kCudaGraphShapes shapes, replayed after), eagerly
-//       above it; --disable-cuda-graph launches every kernel from the host. --speculative-config auto
+//       forwards, the draft's proposals and its extends after a verify run padded to the
+//       bundles' graph ladder (ServedGraph) and are captured as CUDA graphs, one per ladder size
+//       (up to kCudaGraphShapes shapes, replayed after), eagerly above it; --disable-cuda-graph
+//       launches every kernel from the host; --cuda-graph-bs (SGLang's flag) may state the
+//       ladder, and anything but the compiled one is an error. --speculative-config auto
 //       (with an algorithm, without the tree flags, at --tp-size 1) measures plain decoding and
 //       every compiled tree of the algorithm on the request's first 32 tokens, predicts each
 //       one's throughput (engine/advisor.hpp) and runs the request with the best, or plainly when
@@ -228,9 +230,10 @@ using specdec::Status;
 // compile from about 108 s to 120 s (median of 4-5 runs on a 2-core CI-like box, noisy +-10%)
 // and its peak memory from 1.93 to 2.49 GB (0.43 GB of it the four bundles); nvcc: 162 -> 187 s.
 // Every bundle has the graph ladder of KimiK25GraphLadder (batch sizes 1, 2, 4, .., 256): on the
-// CUDA executor the target's step forwards run padded to it, one CUDA graph per size, eagerly
-// above 256 (policy/graph.hpp; --disable-cuda-graph keeps the padding and captures nothing). The
-// CPU executor has no graphs. One ladder, not an Eager twin of each bundle, keeps the build lean.
+// CUDA executor the target's step forwards and the draft's proposals and extends after a verify
+// run padded to it, one CUDA graph per size, eagerly above 256 (policy/graph.hpp;
+// --disable-cuda-graph keeps the padding and captures nothing). The CPU executor has no graphs.
+// One ladder, not an Eager twin of each bundle, keeps the build lean.
 using ServedGraph = specdec::KimiK25GraphLadder;
 using TinyLayers = specdec::Layers<0, 1, 2>;
 template <class Tree>
@@ -286,7 +289,7 @@ void usage(std::FILE* out) {
                "                             [--tp-size N] [--moe-split expert|tensor]\n"
                "                             [--nnodes N --node-rank R --dist-init-addr HOST:PORT]\n"
                "                             [--random-weights SEED] [--disable-cuda-graph]\n"
-               "                             [--speculative-config auto]\n"
+               "                             [--cuda-graph-bs B1 B2 ...] [--speculative-config auto]\n"
                "                             [--speculative-draft-steps-by-batch B:S,...]\n"
                "       specdec-kimi capture --model-path DIR --prompts FILE.jsonl\n"
                "                            --out FILE.safetensors --max-new-tokens N\n"
@@ -379,6 +382,21 @@ class Flags {
   T number() {
     char const* text = value();
     return ::number<T>(flag_.c_str(), text);
+  }
+  // One or more numbers: the arguments up to the next flag, each a number or a comma list
+  // (SGLang's "--cuda-graph-bs 1 2 4" and "--cuda-graph-bs 1,2,4").
+  template <class T>
+  std::vector<T> numbers() {
+    std::vector<T> out;
+    for (bool first = true; first || (i_ + 1 < argc_ && argv_[i_ + 1][0] != '-'); first = false) {
+      std::string const text = value();
+      for (size_t begin = 0; begin <= text.size();) {
+        size_t const end = std::min(text.find(',', begin), text.size());
+        out.push_back(::number<T>(flag_.c_str(), text.substr(begin, end - begin).c_str()));
+        begin = end + 1;
+      }
+    }
+    return out;
   }
   [[noreturn]] void unknown() const {
     fail_usage("unknown flag " + flag_ + " for " + argv_[1]);
@@ -802,13 +820,11 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
       draft->model.step_graphs = g.cuda_graph ? kCudaGraphShapes : 0;
     }
     std::string const ladder = specdec::format_layers(ServedGraph::batch_sizes());
-    tail = g.cuda_graph ? "; cuda graph: decode and verify forwards padded to batch sizes " +
-                                ladder + ", eager above (up to " +
-                                std::to_string(kCudaGraphShapes) + " shapes)" +
-                                (Engine::kDraftsWithModel
-                                     ? ", the draft's proposal and extend per batch size (up to " +
-                                           std::to_string(kCudaGraphShapes) + " shapes each)"
-                                     : std::string())
+    tail = g.cuda_graph ? std::string("; cuda graph: decode and verify forwards") +
+                                (Engine::kDraftsWithModel ? ", the draft's proposals and extends"
+                                                          : "") +
+                                " padded to batch sizes " + ladder + ", eager above (up to " +
+                                std::to_string(kCudaGraphShapes) + " shapes each)"
                           : "; cuda graph: off (--disable-cuda-graph; forwards still padded to " +
                                 ladder + ")";
   }
@@ -1027,6 +1043,16 @@ void check_common_flags(GenerateFlags const& g) {
   if (g.nnodes == 1 && !g.dist_init_addr.empty()) {
     fail_usage("--dist-init-addr is for --nnodes > 1 (one process needs no rendezvous)");
   }
+  // The graph ladder is the bundles' (compile time): the flag states it, never changes it.
+  auto const ladder = ServedGraph::batch_sizes();
+  if (!std::equal(ladder.begin(), ladder.end(), g.spec.cuda_graph_bs.begin(),
+                  g.spec.cuda_graph_bs.end())) {
+    fail_usage("--cuda-graph-bs " + specdec::format_layers(g.spec.cuda_graph_bs) +
+               ": this specdec-kimi's bundles are compiled for the graph ladder " +
+               specdec::format_layers(ladder) +
+               " (ServedGraph, policy/graph.hpp's GraphLadder): give that, or leave the flag "
+               "out; --disable-cuda-graph captures nothing");
+  }
 }
 
 // The tree flags all given, and the device at hand.
@@ -1121,6 +1147,7 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--page-size")) g.o.page_size = f.number<int>();
   else if (f.is("--no-self-check")) g.self_check = false;
   else if (f.is("--disable-cuda-graph")) g.cuda_graph = false;
+  else if (f.is("--cuda-graph-bs")) g.spec.cuda_graph_bs = f.numbers<int>();
   else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value(), g.have_algorithm = true;
   else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
   else if (f.is("--speculative-num-steps")) g.spec.num_steps = f.number<int>(), g.have_steps = true;
@@ -1962,6 +1989,9 @@ Status serve_rank(GenerateFlags const& g, ServeFlags const& sf, LoadedCheckpoint
   info.device = g.device;
 #if defined(__CUDACC__)
   info.cuda_graph = std::is_same_v<Exec, specdec::CudaExecutor> && g.cuda_graph;
+  if constexpr (std::is_same_v<Exec, specdec::CudaExecutor>) {
+    info.cuda_graph_bs.assign(P::Graph::batch_sizes().begin(), P::Graph::batch_sizes().end());
+  }
 #endif
   info.context_length = sf.context_length;
   info.vocab_size = m.config.vocab_size;

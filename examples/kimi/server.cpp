@@ -309,6 +309,8 @@ class Server {
             {"page_size", s.page_size},
             {"eos_token_ids", i.eos_ids},
             {"cuda_graph", s.cuda_graph},
+            {"cuda_graph_bs", i.cuda_graph_bs},
+            {"disable_cuda_graph", !i.cuda_graph},
             {"internal_states", json::array({json::object({
                                     {"avg_spec_accept_length", s.spec.accept_length()},
                                     {"spec_accept_rate", s.spec.accept_rate()},

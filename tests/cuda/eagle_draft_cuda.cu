@@ -792,6 +792,113 @@ TEST_CASE("eagle_draft_cuda: draft_tree_step keeps draft_step's tree on the devi
   }
 }
 
+// A batch padded to a graph ladder's size: filler entries and requests on the cache's padding
+// slot leave the real rows as the unpadded call gives them (up to the GEMMs' rounding order,
+// which may follow the row count) and keep nothing: the padding slot holds no request.
+TEST_CASE("eagle_draft_cuda: padded extend and tree step give the unpadded rows") {
+  for (DraftKind kind : {DraftKind::kEagle3, DraftKind::kEagle}) {
+    Setup s(kind);
+    eagle::DraftCudaModel gm = s.cuda();
+    CAPTURE(std::string(gm.config.kind_name()));
+    Stream st;
+    int64_t const H = gm.hidden(), F = gm.feature_width(), Vd = gm.draft_vocab();
+    int const B = 2, K = 2, fill_requests = 2, fill_entries = 3, G = B + fill_requests;
+    Rng rng(23);
+    TwoPrefixes const pre = two_prefixes(s, rng, gm.feature_layers);
+    std::vector<eagle::RequestId> const ids{10, 20};
+    std::vector<int32_t> const counts{5, 3};
+    eagle::DraftCudaCache plain = cuda_cache(gm, ids, 4, 16, 8);
+    eagle::DraftCudaCache padded = cuda_cache(gm, ids, 4, 16, 8);
+    int slot = -1;
+    REQUIRE(padded.padding_slot(&slot).ok());
+    CHECK(slot == 2);
+    int again = -1;
+    REQUIRE(padded.padding_slot(&again).ok());
+    CHECK(again == slot);
+
+    DeviceBuffer<int32_t> const dt = dev(pre.tokens);
+    DeviceBuffer<float> const df = dev(pre.features);
+    DeviceBuffer<float> h = poisoned<float>(B * H), l = poisoned<float>(B * Vd);
+    Status r = eagle::draft_extend(st.exec(), gm, &plain, ids, counts, in(dt), in(df), out(h),
+                                   out(l));
+    REQUIRE_MESSAGE(r.ok(), r.to_string());
+    std::vector<int32_t> tokens = pre.tokens;
+    std::vector<float> features = pre.features;
+    for (int i = 0; i < fill_entries; ++i) {
+      tokens.push_back(0);
+      features.insert(features.end(), pre.features.begin(), pre.features.begin() + F);
+    }
+    DeviceBuffer<int32_t> const pt = dev(tokens);
+    DeviceBuffer<float> const pf = dev(features);
+    DeviceBuffer<float> ph = poisoned<float>(G * H), pl = poisoned<float>(G * Vd);
+    eagle::DraftPadding const padding{fill_requests, fill_entries};
+    r = eagle::draft_extend(st.exec(), gm, &padded, ids, counts, in(pt), in(pf), out(ph), out(pl),
+                            padding);
+    REQUIRE_MESSAGE(r.ok(), r.to_string());
+    std::vector<float> const hp = host(ph, st), lp = host(pl, st);
+    expect_close(rows_of(hp, 0, B, H), host(h, st), kTol, "padded extend hidden");
+    expect_close(rows_of(lp, 0, B, Vd), host(l, st), kTol, "padded extend logits");
+    // The filler requests' rows: the last filler entry's, finite.
+    CHECK(rows_of(hp, B, 1, H) == rows_of(hp, G - 1, 1, H));
+    CHECK(std::all_of(hp.begin(), hp.end(), [](float x) { return std::isfinite(x); }));
+    CHECK(length_of(padded, 10) == 5);
+    CHECK(length_of(padded, 20) == 3);
+    CHECK(padded.max_requests() == 4);
+    check_error(padded.add_request(30), StatusCode::kOk, {});
+    check_error(padded.add_request(40), StatusCode::kInvalidArgument, {"no free slot"});
+
+    // One tree step of K branches per request from the extend's last rows (by slot), the
+    // fillers (padding slot, length 0) after the requests.
+    auto tree_step = [&](eagle::DraftCudaCache* cache, int fillers,
+                         std::vector<float> const& last) {
+      int const rows = B + fillers;
+      std::vector<int32_t> meta(2 * rows, 0);
+      std::vector<float> by_slot(4 * H, 0.0f);
+      for (int b = 0; b < rows; ++b) {
+        meta[b] = b < B ? cache->find(ids[b])->slot : cache->padding_slot();
+        meta[rows + b] = b < B ? int32_t(cache->find(ids[b])->length) : 0;
+        if (b < B) std::copy_n(last.begin() + b * H, H, by_slot.begin() + meta[b] * H);
+      }
+      std::vector<int32_t> tok(rows * K);
+      for (int i = 0; i < rows * K; ++i) tok[i] = 3 + 7 * (i % (B * K));
+      DeviceBuffer<int32_t> const dmeta = dev(meta), dtok = dev(tok);
+      DeviceBuffer<float> const dsrc = dev(by_slot);
+      DeviceBuffer<float> parent = poisoned<float>(rows * K * H);
+      DeviceBuffer<float> hidden = poisoned<float>(rows * K * H),
+                          logits = poisoned<float>(rows * K * Vd);
+      eagle::DraftTreeStep t;
+      t.step = 1;
+      t.branches = K;
+      t.padding = fillers;
+      t.slots = dmeta.data();
+      t.lengths = dmeta.data() + rows;
+      t.tokens = dtok.data();
+      t.source_hidden = dsrc.data();
+      t.parent_hidden = parent.data();
+      t.hidden = hidden.data();
+      t.logits = logits.data();
+      Status const q = eagle::draft_tree_step(st.exec(), gm, cache, ids, t);
+      REQUIRE_MESSAGE(q.ok(), q.to_string());
+      return std::pair{host(hidden, st), host(logits, st)};
+    };
+    auto const [want_h, want_l] = tree_step(&plain, 0, host(h, st));
+    auto const [got_h, got_l] = tree_step(&padded, fill_requests, rows_of(hp, 0, B, H));
+    expect_close(rows_of(got_h, 0, B * K, H), want_h, kTol, "padded tree step hidden");
+    expect_close(rows_of(got_l, 0, B * K, Vd), want_l, kTol, "padded tree step logits");
+
+    // Padding without the padding slot, or filler requests without filler entries: named.
+    DeviceBuffer<float> h4 = poisoned<float>(G * H), l4 = poisoned<float>(G * Vd);
+    check_error(eagle::draft_extend(st.exec(), gm, &plain, ids, counts, in(pt), in(pf), out(h4),
+                                    out(l4), padding),
+                StatusCode::kInvalidArgument, {"draft_extend (cuda)", "padding slot"});
+    check_error(eagle::draft_extend(st.exec(), gm, &padded, ids, counts, in(dt), in(df), out(h4),
+                                    out(l4), eagle::DraftPadding{2, 0}),
+                StatusCode::kInvalidArgument,
+                {"draft_extend (cuda)", "2 filler requests and 0 filler entries"});
+    CHECK(length_of(padded, 10) == 5);  // failed calls change nothing
+  }
+}
+
 TEST_CASE("eagle_draft_cuda: argument errors are named and change nothing") {
   Setup s(DraftKind::kEagle3, [](nlohmann::json& j) { j["max_position_embeddings"] = 6; });
   eagle::DraftCudaModel gm = s.cuda();

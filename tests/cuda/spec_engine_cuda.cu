@@ -15,7 +15,8 @@
 //     outputs alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
-//   * a GraphLadder policy pads the target's step forwards (graphed = eager, lossless);
+//   * a GraphLadder policy pads the target's step forwards and the draft's proposals and
+//     extends, eager above the ladder (graphed = eager, lossless);
 //   * with the target's forwards replayed from CUDA graphs the engine's output and acceptance
 //     are the eager engine's, exactly;
 //   * sampling: the joint distribution of the first three sampled tokens (top-k 2, temperature
@@ -229,20 +230,30 @@ TEST_CASE("engine (cuda): forwards and proposals replayed from CUDA graphs give 
   check_graphs_equal_eager<EG<TreeShape<2, 3, 6>>>(requests);
 }
 
-// A GraphLadder policy: the target's step forwards run padded to the ladder (3 requests to 4,
-// then 2 and 1 as they finish), captured per size. Graphed equals eager exactly; speculation
-// equals plain decoding (up to near-ties: a padded verify's GEMMs may round unlike B rows').
+// A GraphLadder policy: the target's step forwards, the draft's proposals and its extends after
+// a verify run padded to the ladder (3 requests to 4, then 2 and 1 as they finish), captured per
+// size; above the ladder (3 requests on <1, 2>) eagerly. Graphed equals eager exactly;
+// speculation equals plain decoding (up to near-ties: a padded verify's GEMMs may round unlike
+// B rows').
 using Ladder = GraphLadder<1, 2, 4>;
 using PlainLadder = SpecPolicy<NoDraft, Layers<>, NoTree, Ladder>;
 using E3Ladder = SpecPolicy<Eagle3, testing::TinyLayers, TreeShape<4, 3, 16>, Ladder>;
+using E3ShortLadder = SpecPolicy<Eagle3, testing::TinyLayers, Chain<3>, GraphLadder<1, 2>>;
 
 TEST_CASE("engine (cuda): a GraphLadder policy pads the batch; graphed equals eager, lossless") {
   auto const requests = mixed_requests();
+  REQUIRE(requests.size() == 3);
   int64_t const padded = models().gpu.padded_forwards;
+  int64_t const draft_padded = models().draft.padded_calls;
   check_graphs_equal_eager<PlainLadder>(requests);
   check_graphs_equal_eager<E3Ladder>(requests);
   CHECK(models().gpu.padded_forwards > padded);
   CHECK(models().gpu.above_ladder_forwards == 0);
+  CHECK(models().draft.padded_calls > draft_padded);
+  CHECK(models().draft.above_ladder_calls == 0);
+  check_graphs_equal_eager<E3ShortLadder>(requests);
+  CHECK(models().gpu.above_ladder_forwards > 0);
+  CHECK(models().draft.above_ladder_calls > 0);
   auto const want = run<Plain>(requests);
   auto const plain = run<PlainLadder>(requests);
   for (size_t r = 0; r < requests.size(); ++r) {
@@ -250,6 +261,7 @@ TEST_CASE("engine (cuda): a GraphLadder policy pads the batch; graphed equals ea
     check_same_or_near_tie(requests[r].prompt, want[r].output_ids, plain[r].output_ids);
   }
   check_lossless<E3Ladder>(requests, want);
+  check_lossless<E3ShortLadder>(requests, want);
 }
 
 // Requests admitted one per step into a SpecEngine::Session of `max_running` slots, prefilled
@@ -299,7 +311,7 @@ TEST_CASE("engine (cuda): requests joining and leaving a session keep their outp
 }
 
 TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs alone") {
-  using P = E3<Chain<3>>;
+  using P = SpecPolicy<Eagle3, testing::TinyLayers, Chain<3>, Ladder>;
   testing::Stream stream;  // graph capture needs a stream of the engine's own
   SpecEngine<P, CudaExecutor> e;
   Status s = SpecEngine<P, CudaExecutor>::create(&models().gpu, &models().draft, {}, &e,
@@ -315,6 +327,12 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   engine::SchedulerOptions o;
   o.session = engine::SessionOptions{3, 24, 64, 4};
   o.decode_log_interval = 0;
+  std::mutex log_mu;
+  std::vector<std::string> log;
+  o.log = [&](std::string const& line) {
+    std::lock_guard lock(log_mu);
+    log.push_back(line);
+  };
   int device = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   o.on_worker_start = [device] { cudaSetDevice(device); };
@@ -354,6 +372,16 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
   scheduler->shutdown(/*cancel_running=*/false);
   CHECK(scheduler->stats().kv_pages_used == 0);
   CHECK(scheduler->stats().cuda_graph);  // the last decode step replayed a graph
+  int const last_size = scheduler->stats().cuda_graph_batch;
+  CHECK((last_size == 1 || last_size == 2 || last_size == 4));
+  // Three running requests replay the graphs of batch size 4, and the log says so.
+  std::lock_guard lock(log_mu);
+  bool padded_line = false;
+  for (std::string const& l : log) {
+    padded_line = padded_line || l.find("batch 3: CUDA graphs of batch size 4 (padded)") !=
+                                     std::string::npos;
+  }
+  CHECK_MESSAGE(padded_line, "no padded-graph line among ", log.size(), " log lines");
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {

@@ -201,8 +201,8 @@ pass "GET /v1/models: lists '$MODEL' (max_model_len $CONTEXT)"
 req GET /get_server_info
 expect_status "GET /get_server_info" 200
 jcheck "GET /get_server_info" \
-  "d['served_model_name'] == '$MODEL' and d['context_length'] == $CONTEXT and d['speculative_algorithm'] == 'EAGLE3' and d['speculative_num_draft_tokens'] == $NUM_DRAFT_TOKENS"
-pass "GET /get_server_info: model, context, speculative config"
+  "d['served_model_name'] == '$MODEL' and d['context_length'] == $CONTEXT and d['speculative_algorithm'] == 'EAGLE3' and d['speculative_num_draft_tokens'] == $NUM_DRAFT_TOKENS and isinstance(d['cuda_graph_bs'], list) and isinstance(d['disable_cuda_graph'], bool)"
+pass "GET /get_server_info: model, context, speculative config, graph ladder"
 
 req POST /generate '{"text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}'
 expect_status "POST /generate" 200

@@ -257,6 +257,7 @@ std::vector<std::pair<std::string, std::string>> const kFamilies = {
     {"specdec_kv_tokens", "gauge"},
     {"specdec_token_usage", "gauge"},
     {"specdec_cuda_graph", "gauge"},
+    {"specdec_cuda_graph_batch_size", "gauge"},
     {"specdec_requests_submitted_total", "counter"},
     {"specdec_requests_rejected_total", "counter"},
     {"specdec_requests_finished_total", "counter"},
@@ -406,6 +407,7 @@ ServingStats populated_stats() {
   s.e2e_request_s = Histogram({1e-7, 2.5, 1e9});
   s.e2e_request_s.observe(3.0);
   s.cuda_graph = true;
+  s.cuda_graph_batch = 8;
   return s;
 }
 
@@ -433,6 +435,7 @@ TEST_CASE("prometheus_text: gauges and counters equal the stats") {
       {"specdec_kv_pages_total", "40"},
       {"specdec_kv_tokens", "600"},
       {"specdec_cuda_graph", "1"},
+      {"specdec_cuda_graph_batch_size", "8"},
       {"specdec_requests_submitted_total", "20"},
       {"specdec_requests_rejected_total", "1"},
       {"specdec_prompt_tokens_total", "1234"},

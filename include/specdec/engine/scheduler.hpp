@@ -21,7 +21,9 @@
 //      counters, gauges and histograms update; every decode_log_interval speculative steps one
 //      line in SGLang's format (serve/metrics_text.hpp) goes to options.log, and one line
 //      whenever the step's drafting depth changes (EngineOptions::draft_steps_by_batch: "batch
-//      8: drafting nothing (plain decoding), ...")
+//      8: drafting nothing (plain decoding), ...") or the way its forwards launch (CUDA: "batch
+//      3: CUDA graphs of batch size 4 (padded), ..." / "... launched eagerly: above the CUDA
+//      graph ladder's largest batch size 256"; the gauge ServingStats::cuda_graph_batch)
 // Tensor parallel (one process): every rank's session sees the same admits, cancels and steps
 // through a LockstepChannel (engine/lockstep.hpp); this scheduler runs on rank 0.
 // A request too large for the session (max_request_tokens) or invalid is refused at submit with
@@ -40,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -253,6 +256,7 @@ class Scheduler final : public ServingBackend {
     std::vector<StepEvent> events;
     ServingStats at_last_log;
     int logged_draft_steps = Engine::kSteps;  // the policy's, which the startup line gives
+    std::optional<typename Session::GraphRun> logged_graph_run;
     auto last_log = Clock::now();
     int64_t decode_steps = 0;
     for (;;) {
@@ -351,6 +355,11 @@ class Scheduler final : public ServingBackend {
         logged_draft_steps = session_.draft_steps();
         log(draft_steps_line(batch, logged_draft_steps));
       }
+      typename Session::GraphRun const graph_run = session_.graph_run(batch);
+      if (decoded && !Engine::kHostDraft && graph_run != logged_graph_run) {
+        logged_graph_run = graph_run;
+        log(graph_line(batch, graph_run));
+      }
       SpecMetrics const& after = session_.totals();
       {
         std::lock_guard lock(mu_);
@@ -359,6 +368,7 @@ class Scheduler final : public ServingBackend {
         stats_.spec = after;
         if (decoded) {
           stats_.cuda_graph = session_.graph_replays() > replays_before;
+          stats_.cuda_graph_batch = graph_run.captured ? graph_run.size : 0;
           stats_.step_draft_s.observe(after.draft_s + after.build_s - before.draft_s -
                                       before.build_s);
           stats_.step_verify_s.observe(after.verify_s - before.verify_s);
@@ -425,6 +435,24 @@ class Scheduler final : public ServingBackend {
                          std::to_string(Engine::draft_nodes(steps)) + " verified tokens)";
     return "specdec: batch " + std::to_string(batch) + ": " + what +
            ", as the draft steps by batch size say (--speculative-draft-steps-by-batch)";
+  }
+
+  static std::string graph_line(int batch, typename Session::GraphRun const& run) {
+    std::string const head = "specdec: batch " + std::to_string(batch) + ": ";
+    if (run.captured) {
+      return head + (run.size > 0 ? "CUDA graphs of batch size " + std::to_string(run.size) +
+                                        (run.size > batch ? " (padded)" : "")
+                                  : std::string("CUDA graphs of its exact shape")) +
+             ", for the target's forwards and the draft's proposal and extend";
+    }
+    std::string const why =
+        run.size > 0 ? "padded to batch size " + std::to_string(run.size) +
+                           ", CUDA graphs off (--disable-cuda-graph)"
+        : Engine::Policy::Graph::kMaxBatch > 0 && batch > Engine::Policy::Graph::kMaxBatch
+            ? "above the CUDA graph ladder's largest batch size " +
+                  std::to_string(Engine::Policy::Graph::kMaxBatch)
+            : std::string("CUDA graphs off");
+    return head + "launched eagerly: " + why;
   }
 
   // The session's gauges into the stats (worker thread).

@@ -131,6 +131,7 @@ struct ServingStats {
   Histogram step_draft_s, step_verify_s, step_commit_s;  // per engine step, seconds
   Histogram time_to_first_token_s, time_per_output_token_s, e2e_request_s;
   bool cuda_graph = false;    // whether the last decode step replayed a captured CUDA graph
+  int cuda_graph_batch = 0;   // the ladder size its CUDA graphs were captured for (0: none)
 };
 
 // What /get_server_info and /v1/models report.
@@ -147,6 +148,7 @@ struct ServingInfo {
   int64_t prefill_chunk = 0;       // tokens per prefill chunk (0: whole prompts)
   std::vector<int32_t> eos_ids;    // the target config's
   bool cuda_graph = false;         // the target's decode / verify forwards replay CUDA graphs
+  std::vector<int> cuda_graph_bs;  // the graph ladder the CUDA forwards pad to (empty: none)
 };
 
 class ServingBackend {

@@ -266,39 +266,59 @@ struct DraftFor<CpuExecutor> {
 // its cache (one slot per request), each request's last extend row hidden [H] / logits [Vd] in
 // row `slot` of [R, H] / [R, Vd] (so requests extended in different calls, a prefill's and a
 // verify's, propose together), and the proposal's buffers, sized once for R requests.
-//   extend(ids [B], counts [B], tokens [sum counts] host, features [sum counts, F] device,
-//       after_verify): the draft extend into [B, H] / [B, Vd] rows, scattered to the requests'
-//       slots; after a verify its stream work replays from a CUDA graph per (B, sum counts)
+//   set_graph_ladder(sizes)   the policy's graph ladder (before create): a batch of B <= its
+//       largest size runs padded to the smallest size G >= B, with G - B filler requests on the
+//       cache's padding slot, so that one CUDA graph per ladder size serves every batch;
+//       above the ladder everything is launched eagerly. Without a ladder every batch runs as
+//       it is, captured per exact shape.
+//   extend_padding(B, entries)   the filler entries a verify's extend of B requests and
+//       `entries` entries takes (G x path capacity - entries; 0 unpadded): the caller appends
+//       them to tokens and features (any token, any of the forward's rows)
+//   extend(ids [B], counts [B], tokens [sum counts (+ filler)] host, features [.., F] device,
+//       after_verify): the draft extend into [B, H] / [B, Vd] rows (padded: G), scattered to the
+//       requests' slots; after a verify its stream work replays from a CUDA graph per (B, sum
+//       counts) (padded: per G)
 //   propose(ids [B], roots [B] host, steps, nodes, &tokens, &parents [B, nodes] host): the
-//       batch's slots, lengths and roots uploaded; the proposal (enqueue_proposal: draft_expand
-//       at step 0, then per step draft_tree_step, whose tree lives on the device, and
-//       draft_expand; draft_finalize) queued, or replayed from the CUDA graph captured for
-//       (B, steps, nodes) (model.step_graphs of them); then one read-back of tokens / parents /
-//       status and the draft's device error record (the one check of the tokens the draft read
-//       since the last proposal; draft_device_errors names a fault): one host wait per proposal.
+//       batch's slots, lengths and roots uploaded (and the fillers'); the proposal
+//       (enqueue_proposal: draft_expand at step 0, then per step draft_tree_step, whose tree
+//       lives on the device, and draft_expand; draft_finalize) queued, or replayed from the CUDA
+//       graph captured for (B or G, steps, nodes) (model.step_graphs of them); then one
+//       read-back of tokens / parents / status and the draft's device error record (the one
+//       check of the tokens the draft read since the last proposal; draft_device_errors names
+//       a fault): one host wait per proposal.
 class CudaDraftRun {
  public:
   using Model = model::eagle::DraftCudaModel;
   model::eagle::DraftCudaCache cache;
 
+  void set_graph_ladder(std::span<int const> batch_sizes) { ladder_ = batch_sizes; }
+
   // R requests of up to max_length draft entries (prompt + new tokens + path capacity), the
-  // largest extend of extend_rows entries; topk K, steps S, nodes N of the policy.
+  // largest extend of extend_rows entries; topk K, steps S, nodes N of the policy, up to
+  // `path` entries per request in a verify's extend.
   Status create(Model* model, CudaExecutor exec, int R, int64_t max_length, int64_t extend_rows,
-                int K, int S, int N) {
+                int K, int S, int N, int path) {
     model_ = model;
     exec_ = exec;
     topk_ = K;
     steps_ = S;
     nodes_ = N;
+    path_ = path;
     int64_t const H = model->hidden(), Vd = model->draft_vocab();
-    size_t const r = static_cast<size_t>(R), RK = r * static_cast<size_t>(K);
+    // Padded, a batch of R runs as padded_batch(R) rows; the fillers take one more slot.
+    int const slots = R + (ladder_.empty() ? 0 : 1);
+    size_t const r = static_cast<size_t>(padded_batch(R)), RK = r * static_cast<size_t>(K);
     size_t const RC = r * static_cast<size_t>(ops::draft_candidate_count(K, S));
-    SPECDEC_RETURN_IF_ERROR(model::eagle::DraftCudaCache::create_for(model->config, R, max_length,
-                                                                     int64_t{S} * K, &cache));
+    SPECDEC_RETURN_IF_ERROR(model::eagle::DraftCudaCache::create_for(
+        model->config, slots, max_length, int64_t{S} * K, &cache));
+    int padding_slot = -1;
+    if (!ladder_.empty()) SPECDEC_RETURN_IF_ERROR(cache.padding_slot(&padding_slot));
+    extend_rows = std::max<int64_t>(extend_rows, static_cast<int64_t>(r) * path);
     SPECDEC_RETURN_IF_ERROR(model::eagle::reserve_draft_scratch(
         *model, std::max<int64_t>(extend_rows, static_cast<int64_t>(RK)), S));
-    SPECDEC_RETURN_IF_ERROR(hidden_last_.reserve(r * H));
-    SPECDEC_RETURN_IF_ERROR(logits_last_.reserve(r * Vd));
+    size_t const by_slot = static_cast<size_t>(slots);
+    SPECDEC_RETURN_IF_ERROR(hidden_last_.reserve(by_slot * H));
+    SPECDEC_RETURN_IF_ERROR(logits_last_.reserve(by_slot * Vd));
     SPECDEC_RETURN_IF_ERROR(parent_hidden_.reserve(RK * H));
     SPECDEC_RETURN_IF_ERROR(step_hidden_.reserve(RK * H));
     SPECDEC_RETURN_IF_ERROR(step_logits_.reserve(RK * Vd));
@@ -321,42 +341,67 @@ class CudaDraftRun {
     extend_graphs_.clear();
     extend_graphs_.set_capacity(model->step_graphs);
     // draft_expand's workspace, zeroed once (its launches leave it zeroed).
-    has_last_.assign(r, false);
-    workspace_bytes_ = ops::draft_expand_workspace_bytes(R, static_cast<int>(Vd), K);
+    has_last_.assign(by_slot, false);
+    if (padding_slot >= 0) {
+      // The fillers propose from zero rows until a padded extend writes theirs.
+      SPECDEC_CUDA_TRY(cudaMemsetAsync(hidden_last_.data() + padding_slot * H, 0,
+                                       sizeof(float) * H, exec_.stream));
+      SPECDEC_CUDA_TRY(cudaMemsetAsync(logits_last_.data() + padding_slot * Vd, 0,
+                                       sizeof(float) * Vd, exec_.stream));
+      has_last_[static_cast<size_t>(padding_slot)] = true;
+    }
+    workspace_bytes_ =
+        ops::draft_expand_workspace_bytes(static_cast<int>(r), static_cast<int>(Vd), K);
     SPECDEC_RETURN_IF_ERROR(workspace_.reserve((workspace_bytes_ + 7) / 8));
     workspace_bytes_ = (workspace_bytes_ + 7) / 8 * 8;
     SPECDEC_CUDA_TRY(cudaMemsetAsync(workspace_.data(), 0, workspace_bytes_, exec_.stream));
     return Status::Ok();
   }
 
-  // `after_verify`: the extend of a step's accepted tokens (up to kPathCapacity per request),
-  // replayed from a CUDA graph per (batch, entries) shape; a prefill chunk's extend (any
-  // length) launches from the host.
+  // The filler entries of a verify's extend of B requests and `entries` entries.
+  int64_t extend_padding(int B, int64_t entries) const {
+    int const G = ladder_bucket(B);
+    return G < 0 ? 0 : int64_t{G} * path_ - entries;
+  }
+
+  // `after_verify`: the extend of a step's accepted tokens (up to `path` per request), padded
+  // to the ladder (tokens and features hold extend_padding's filler entries) and replayed from
+  // a CUDA graph per padded size (unpadded: per (batch, entries) shape); eager above the
+  // ladder. A prefill chunk's extend (any length) launches from the host.
   Status extend(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> counts,
                 std::span<int32_t const> tokens, std::span<float const> features,
                 bool after_verify) {
-    int64_t const B = static_cast<int64_t>(ids.size());
+    int const B = static_cast<int>(ids.size());
+    int const G = after_verify ? ladder_bucket(B) : -1;
+    int const outputs = G < 0 ? B : G;
     int64_t const H = model_->hidden(), Vd = model_->draft_vocab();
     cudaStream_t const stream = exec_.stream;
     int32_t* d_tokens = nullptr;
     SPECDEC_RETURN_IF_ERROR(tokens_.put(tokens.data(), tokens.size(), stream, &d_tokens));
     std::vector<int64_t> slots;
-    SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
+    SPECDEC_RETURN_IF_ERROR(slots_of(ids, outputs, &slots));
     int64_t* d_slots = nullptr;
     SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
+    model::eagle::DraftPadding padding;
+    if (G >= 0) {
+      padding.requests = G - B;
+      padding.entries = static_cast<int64_t>(tokens.size()) -
+                        std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    }
     model::eagle::DraftExtendCall call;
     SPECDEC_RETURN_IF_ERROR(model::eagle::prepare_draft_extend(
         exec_, *model_, &cache, ids, counts, {d_tokens, tokens.size()}, features,
-        {step_hidden_.data(), static_cast<size_t>(B * H)},
-        {step_logits_.data(), static_cast<size_t>(B * Vd)}, &call));
+        {step_hidden_.data(), static_cast<size_t>(outputs * H)},
+        {step_logits_.data(), static_cast<size_t>(outputs * Vd)}, &call, padding));
     auto enqueue = [&]() -> Status {
       SPECDEC_RETURN_IF_ERROR(model::eagle::enqueue_draft_extend(exec_, *model_, &cache, call));
       SPECDEC_RETURN_IF_ERROR(
-          scatter_rows(step_hidden_.data(), d_slots, B, H, hidden_last_.data(), stream));
-      return scatter_rows(step_logits_.data(), d_slots, B, Vd, logits_last_.data(), stream);
+          scatter_rows(step_hidden_.data(), d_slots, outputs, H, hidden_last_.data(), stream));
+      return scatter_rows(step_logits_.data(), d_slots, outputs, Vd, logits_last_.data(), stream);
     };
-    if (after_verify) {
-      ExtendShape const shape{static_cast<int>(B), static_cast<int64_t>(tokens.size()), d_tokens,
+    if (after_verify) count_ladder_run(G, B, padding.entries);
+    if (after_verify && (G >= 0 || ladder_.empty())) {
+      ExtendShape const shape{outputs, static_cast<int64_t>(tokens.size()), d_tokens,
                               features.data(), model_->scratch_generation()};
       int64_t const replays = extend_graphs_.replays();
       SPECDEC_RETURN_IF_ERROR(extend_graphs_.run(shape, stream, enqueue));
@@ -384,27 +429,31 @@ class CudaDraftRun {
                  int steps, int nodes, std::vector<int32_t>* tokens,
                  std::vector<int32_t>* parents) {
     int const B = static_cast<int>(ids.size()), N = nodes;
+    int const G = ladder_bucket(B), rows = G < 0 ? B : G;  // the proposal's batch, fillers in
     if (steps < 1 || steps > steps_ || nodes < 2 || nodes > nodes_) {
       return Status::Internal("SpecEngine (cuda): a proposal of " + std::to_string(steps) +
                               " steps and " + std::to_string(nodes) + " nodes is outside the " +
                               "session's " + std::to_string(steps_) + " and " +
                               std::to_string(nodes_));
     }
-    size_t const BN = static_cast<size_t>(B) * N;
+    size_t const BN = static_cast<size_t>(B) * N, GN = static_cast<size_t>(rows) * N;
     cudaStream_t const stream = exec_.stream;
     std::vector<int64_t> slots;
-    SPECDEC_RETURN_IF_ERROR(slots_of(ids, &slots));
+    SPECDEC_RETURN_IF_ERROR(slots_of(ids, rows, &slots));
     // The proposal's inputs, at fixed device addresses (a captured proposal reads them there):
-    // slots (int64, for gather_rows) and [slots | lengths | roots] (int32).
-    inputs_host_.assign(static_cast<size_t>(3 * B), 0);
+    // slots (int64, for gather_rows) and [slots | lengths | roots] (int32); a filler's length
+    // and root are 0.
+    inputs_host_.assign(static_cast<size_t>(3 * rows), 0);
     for (size_t b = 0; b < slots.size(); ++b) {
+      inputs_host_[b] = static_cast<int32_t>(slots[b]);
+      if (b >= ids.size()) continue;
       if (!has_last_[static_cast<size_t>(slots[b])]) {
         return Status::Internal("SpecEngine (cuda): request " + std::to_string(ids[b]) +
                                 " proposes before any draft extend");
       }
-      inputs_host_[b] = static_cast<int32_t>(slots[b]);
-      inputs_host_[static_cast<size_t>(B) + b] = static_cast<int32_t>(cache.find(ids[b])->length);
-      inputs_host_[static_cast<size_t>(2 * B) + b] = roots[b];
+      inputs_host_[static_cast<size_t>(rows) + b] =
+          static_cast<int32_t>(cache.find(ids[b])->length);
+      inputs_host_[static_cast<size_t>(2 * rows) + b] = roots[b];
     }
     if (steps > 1) {
       SPECDEC_RETURN_IF_ERROR(model::eagle::check_draft_tree(*model_, cache, ids, steps, topk_));
@@ -413,24 +462,29 @@ class CudaDraftRun {
     int32_t* d_inputs = nullptr;
     SPECDEC_RETURN_IF_ERROR(from_.put(slots, stream, &d_slots));
     SPECDEC_RETURN_IF_ERROR(inputs_.put(inputs_host_, stream, &d_inputs));
-    ProposalShape const shape{B, steps, nodes, model_->scratch_generation()};
-    int64_t const replays = graphs_.replays();
-    SPECDEC_RETURN_IF_ERROR(
-        graphs_.run(shape, stream, [&] { return enqueue_proposal(ids, steps, nodes); }));
-    model_->graph_replays += graphs_.replays() - replays;
-    // One read-back: [tokens BN | parents BN | status B | the draft's error record].
-    std::vector<int32_t> results(2 * BN + static_cast<size_t>(B) + kErrorRecord);
+    count_ladder_run(G, B, 0);
+    auto const enqueue = [&] { return enqueue_proposal(ids, rows - B, steps, nodes); };
+    if (G >= 0 || ladder_.empty()) {
+      ProposalShape const shape{rows, steps, nodes, model_->scratch_generation()};
+      int64_t const replays = graphs_.replays();
+      SPECDEC_RETURN_IF_ERROR(graphs_.run(shape, stream, enqueue));
+      model_->graph_replays += graphs_.replays() - replays;
+    } else {
+      SPECDEC_RETURN_IF_ERROR(enqueue());
+    }
+    // One read-back: [tokens GN | parents GN | status G | the draft's error record] (G = rows).
+    std::vector<int32_t> results(2 * GN + static_cast<size_t>(rows) + kErrorRecord);
     SPECDEC_RETURN_IF_ERROR(results_.get(results.data(), results.size(), stream));
     SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
     tokens->assign(results.begin(), results.begin() + static_cast<int64_t>(BN));
-    parents->assign(results.begin() + static_cast<int64_t>(BN),
-                    results.begin() + static_cast<int64_t>(2 * BN));
+    parents->assign(results.begin() + static_cast<int64_t>(GN),
+                    results.begin() + static_cast<int64_t>(GN + BN));
     // A token outside the vocabulary the draft met: draft_device_errors names it (and clears).
-    if (results[2 * BN + static_cast<size_t>(B)] != 0) {
+    if (results[2 * GN + static_cast<size_t>(rows)] != 0) {
       return model::eagle::draft_device_errors(exec_, *model_);
     }
     for (int b = 0; b < B; ++b) {
-      int32_t const status = results[2 * BN + static_cast<size_t>(b)];
+      int32_t const status = results[2 * GN + static_cast<size_t>(b)];
       if (status != ops::kDraftSelectOk) {
         return Status::Internal("SpecEngine: draft_finalize status " + std::to_string(status) +
                                 " for request " + std::to_string(ids[static_cast<size_t>(b)]));
@@ -465,8 +519,10 @@ class CudaDraftRun {
   // on the K frontier tokens (each branch continuing next_branch of the step before, on the
   // device) and draft_expand; draft_finalize into results_ (tokens, parents, status), and the
   // draft's error record beside them.
-  Status enqueue_proposal(std::span<model::kimi::RequestId const> ids, int steps, int nodes) {
-    int const B = static_cast<int>(ids.size()), K = topk_, S = steps, N = nodes;
+  // `fillers` filler requests after ids (their inputs uploaded too).
+  Status enqueue_proposal(std::span<model::kimi::RequestId const> ids, int fillers, int steps,
+                          int nodes) {
+    int const B = static_cast<int>(ids.size()) + fillers, K = topk_, S = steps, N = nodes;
     int64_t const Vd = model_->draft_vocab();
     size_t const BK = static_cast<size_t>(B) * K;
     cudaStream_t const stream = exec_.stream;
@@ -497,6 +553,7 @@ class CudaDraftRun {
         model::eagle::DraftTreeStep t;
         t.step = s;
         t.branches = K;
+        t.padding = fillers;
         t.slots = d_slots32;
         t.lengths = d_slots32 + B;
         t.next_branch = next_branch_.data();
@@ -526,9 +583,25 @@ class CudaDraftRun {
     return Status::Ok();
   }
 
-  // Each request's draft cache slot (the row of its last extend).
-  Status slots_of(std::span<model::kimi::RequestId const> ids, std::vector<int64_t>* out) const {
-    out->resize(ids.size());
+  // The smallest ladder size >= B, or -1 (unpadded: no ladder, or B above it).
+  int ladder_bucket(int B) const {
+    return graph_bucket(ladder_.data(), static_cast<int>(ladder_.size()), B);
+  }
+  // The rows a batch of B takes (padded or not).
+  int padded_batch(int B) const { return std::max(B, ladder_bucket(B)); }
+  // The model's padded / above-ladder counters, for a call of B requests run as G (-1: as
+  // they are) with `filler_entries`.
+  void count_ladder_run(int G, int B, int64_t filler_entries) {
+    if (ladder_.empty()) return;
+    model_->padded_calls += G > B || filler_entries > 0;
+    model_->above_ladder_calls += G < 0;
+  }
+
+  // Each request's draft cache slot (the row of its last extend), then the padding slot up to
+  // `rows` entries.
+  Status slots_of(std::span<model::kimi::RequestId const> ids, int rows,
+                  std::vector<int64_t>* out) const {
+    out->assign(static_cast<size_t>(rows), cache.padding_slot());
     for (size_t b = 0; b < ids.size(); ++b) {
       model::eagle::DraftCudaCache::Sequence const* seq = cache.find(ids[b]);
       if (seq == nullptr) {
@@ -542,7 +615,8 @@ class CudaDraftRun {
 
   Model* model_ = nullptr;
   CudaExecutor exec_{};
-  int topk_ = 0, steps_ = 0, nodes_ = 0;
+  std::span<int const> ladder_;  // the policy's graph ladder (static storage); empty: unpadded
+  int topk_ = 0, steps_ = 0, nodes_ = 0, path_ = 0;
   std::vector<bool> has_last_;  // [R]: the slot's rows hold its request's last extend
   size_t workspace_bytes_ = 0;
   Staging<float> hidden_last_, logits_last_, parent_hidden_, step_hidden_, step_logits_,
@@ -777,8 +851,12 @@ class SpecEngine {
     explicit Session(SpecEngine const& engine)
         : e_(engine), cfg_(engine.target_->config), target_(engine.target_, engine.exec_) {
       totals_.reserve_depth(kPathCapacity - 1);
-      // The policy's graph ladder: the CUDA target's verify forwards run padded to it.
-      if constexpr (!kHostDraft) target_.set_graph_ladder(P::Graph::batch_sizes());
+      // The policy's graph ladder: the CUDA target's verify forwards, the draft's proposals and
+      // its extends after a verify run padded to it.
+      if constexpr (!kHostDraft) {
+        target_.set_graph_ladder(P::Graph::batch_sizes());
+        if constexpr (kDraftsWithModel) draft_.set_graph_ladder(P::Graph::batch_sizes());
+      }
     }
     Session(Session const&) = delete;
     Session& operator=(Session const&) = delete;
@@ -812,7 +890,7 @@ class SpecEngine {
         SPECDEC_RETURN_IF_ERROR(draft_.create(
             e_.draft_, e_.exec_, o.max_running, o.max_request_tokens + kPathCapacity,
             std::max<int64_t>(o.max_prefill_tokens, int64_t{o.max_running} * kNodes), kTopK,
-            kSteps, kNodes));
+            kSteps, kNodes, kPathCapacity));
       }
       opened_ = true;
       return Status::Ok();
@@ -831,6 +909,23 @@ class SpecEngine {
       int64_t n = target_.graph_replays();
       if constexpr (kDraftsWithModel && !kHostDraft) n += e_.draft_->graph_replays;
       return n;
+    }
+    // How a speculative step of `batch` requests runs: the ladder size its forwards are padded
+    // to (0: unpadded, i.e. above the policy's graph ladder, no ladder, or the CPU executor) and
+    // whether they replay CUDA graphs (the target's graph cache on, and padded or the policy
+    // Eager, whose every shape is captured; above a ladder they launch eagerly).
+    struct GraphRun {
+      int size = 0;
+      bool captured = false;
+      bool operator==(GraphRun const&) const = default;
+    };
+    GraphRun graph_run(int batch) const {
+      if constexpr (kHostDraft) {
+        return {};
+      } else {
+        int const size = std::max(0, P::Graph::bucket(batch));
+        return {size, target_.graphs_on() && (size > 0 || !P::Graph::kCaptured)};
+      }
     }
     bool has_request(RequestId id) const { return slots_.count(id) != 0; }
     int free_pages() { return target_.table().free_pages(); }
@@ -1088,9 +1183,18 @@ class SpecEngine {
                   bool after_verify) {
       if (batch.empty()) return Status::Ok();
       if constexpr (!kHostDraft) {
+        // A padded extend's filler entries: token 0 with the features of the forward's row 0.
+        int64_t const fillers =
+            after_verify ? draft_.extend_padding(static_cast<int>(batch.size()),
+                                                 static_cast<int64_t>(tokens.size()))
+                         : 0;
+        std::vector<int32_t> padded_tokens = tokens;
+        std::vector<int64_t> padded_rows = rows;
+        padded_tokens.resize(tokens.size() + static_cast<size_t>(fillers), 0);
+        padded_rows.resize(rows.size() + static_cast<size_t>(fillers), 0);
         std::span<float const> features;
-        SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(rows, &features));
-        return draft_.extend(batch, counts, tokens, features, after_verify);
+        SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(padded_rows, &features));
+        return draft_.extend(batch, counts, padded_tokens, features, after_verify);
       } else {
         std::vector<float> features;
         SPECDEC_RETURN_IF_ERROR(target_.aux_rows(rows, &features));

@@ -112,6 +112,7 @@ class CpuTarget {
   }
 
   int64_t graph_replays() const { return 0; }  // no graphs on the host
+  bool graphs_on() const { return false; }
   int64_t aux_width() const {
     return tokens_ > 0 ? static_cast<int64_t>(aux_.size()) / tokens_ : 0;
   }

@@ -313,6 +313,8 @@ class CudaTarget {
   int64_t aux_width() const { return out_.aux_width; }
   // Forwards replayed from a CUDA graph so far (KimiCudaModel::graphs).
   int64_t graph_replays() const { return model_->graphs.replays(); }
+  // Whether the forwards are captured (KimiCudaModel::graphs on).
+  bool graphs_on() const { return model_->graphs.capacity() > 0; }
 
  private:
   model::kimi::LogitsMode logits_mode(bool all_greedy) const {

@@ -6,8 +6,9 @@
 //                            target forwards run a batch padded to the smallest size >= its own,
 //                            one CUDA graph per size (with KimiCudaModel::graphs on); above the
 //                            largest size they run eagerly (model/kimi/forward_cuda.cuh's
-//                            cuda_forward). The draft's proposals and extends are captured per
-//                            exact shape (DraftCudaModel::step_graphs), not padded.
+//                            cuda_forward). So do the CUDA draft's proposals and its extends
+//                            after a verify (engine/spec_engine.hpp's CudaDraftRun: filler rows
+//                            on the draft cache's padding slot, DraftCudaModel::step_graphs).
 // Run-time mirror: SpecConfig::cuda_graph_bs (--cuda-graph-bs), empty = Eager.
 #pragma once
 

@@ -8,6 +8,8 @@
 //                                 \n). Metrics, prefix specdec_:
 //     gauges     num_running_reqs, num_queue_reqs, kv_pages_used, kv_pages_total, kv_tokens,
 //                token_usage (kv pages used / total; 0 when total is 0), cuda_graph (0 / 1),
+//                cuda_graph_batch_size (the graph ladder size the last decode step's CUDA graphs
+//                were captured for; 0: none),
 //                spec_accept_length, spec_accept_rate (since start, SpecMetrics' definitions)
 //     counters   requests_submitted_total, requests_rejected_total,
 //                requests_finished_total{reason} (one sample per FinishReason, named by
@@ -185,6 +187,10 @@ inline std::string prometheus_text(engine::ServingStats const& s, engine::Servin
           detail::ratio(s.kv_pages_used, s.kv_pages_total));
   w.gauge("specdec_cuda_graph", "1 when the last decode step replayed a CUDA graph, else 0.",
           int64_t{s.cuda_graph ? 1 : 0});
+  w.gauge("specdec_cuda_graph_batch_size",
+          "The batch size (CUDA graph ladder) the last decode step's graphs were captured for; "
+          "0 when it launched eagerly.",
+          int64_t{s.cuda_graph_batch});
 
   w.counter("specdec_requests_submitted_total", "Requests submitted.", s.requests_submitted);
   w.counter("specdec_requests_rejected_total", "Requests refused at submit.", s.requests_rejected);

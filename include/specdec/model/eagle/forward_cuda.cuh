@@ -14,12 +14,14 @@
 //       committed K (roped) / V [max_length, nkv * hd] fp32 per request slot and scratch K / V
 //       [max_scratch, nkv * hd] per slot, all allocated here (no allocation per call); requests,
 //       lengths and the scratch tree (parent, depth per entry) are host metadata.
+//       cache.padding_slot(&slot) takes one slot for good for the filler rows of padded calls.
 //   draft_extend / draft_step(CudaExecutor{stream}, model, &cache, ...)
 //       the CPU calls' arguments and meaning; the big arrays are spans of DEVICE memory:
 //       tokens, features [T, F], parent_hidden [B * K, H] in; hidden [.., H], logits [.., Vd]
 //       out (fp32, the caller's buffers, sizes exact). requests, counts, parent_scratch (in) and
 //       scratch_index (out) stay on the host: the host owns the tree and builds each row's
-//       ancestor list from them.
+//       ancestor list from them. draft_extend's DraftPadding and DraftTreeStep::padding run a
+//       batch padded with filler rows on the padding slot (a CUDA graph per padded size).
 //   draft_tree_step(CudaExecutor{stream}, model, &cache, requests, DraftTreeStep)
 //       step s of a proposal whose tree lives on the device (the engine's proposal loop): the
 //       rows' parents are the previous step's branch choices next_branch [B * K] (device, as
@@ -464,11 +466,14 @@ class DraftCudaModel {
   // calls is valid while this stays the same.
   uint64_t scratch_generation() const { return scratch_generation_; }
   // The engine's per-step draft work (engine/spec_engine.hpp: the proposal, one graph per batch
-  // size, and the extend after a verify, one per batch size and entry count) kept as CUDA
-  // graphs, up to this many of each (0: launched from the host), and how many runs replayed
-  // one so far.
+  // size, and the extend after a verify, one per batch size and entry count; with a graph
+  // ladder one of each per ladder size) kept as CUDA graphs, up to this many of each (0:
+  // launched from the host), and how many runs replayed one so far.
   size_t step_graphs = 0;
   int64_t graph_replays = 0;
+  // Given a graph ladder: the engine's proposals and extends after a verify that ran padded
+  // (filler requests or entries), and that ran above the ladder (eagerly).
+  int64_t padded_calls = 0, above_ladder_calls = 0;
 
   // Scratch of one call over n rows (see reserve_draft_scratch).
   struct Scratch {
@@ -816,7 +821,9 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
   }
 
   int64_t kv_width() const { return width_; }
-  int max_requests() const { return static_cast<int>(free_slots_.size() + seqs_.size()); }
+  int max_requests() const {
+    return static_cast<int>(free_slots_.size() + seqs_.size()) + (padding_slot_ >= 0);
+  }
   int64_t max_length() const { return max_length_; }
   int64_t max_scratch() const { return max_scratch_; }
 
@@ -834,6 +841,28 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
     seqs_.emplace(id, std::move(s));
     return Status::Ok();
   }
+  // The slot of the filler rows of padded calls (draft_extend's / draft_tree_step's `padding`: a
+  // batch padded to its graph ladder's size). The first call takes the lowest free slot for
+  // good; later calls return the same slot. No request ever holds it; its length stays 0 (the
+  // filler rows write its committed row 0 and its scratch, all of them the same values). No
+  // free slot: an error, and nothing changes.
+  Status padding_slot(int* out) {
+    if (padding_slot_ < 0) {
+      if (free_slots_.empty()) {
+        return Status::InvalidArgument(
+            "DraftCudaCache: no free slot for the filler rows of a padded call: all " +
+            std::to_string(seqs_.size()) +
+            " slots are in use (free_request, or create with one more max_requests)");
+      }
+      padding_slot_ = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    *out = padding_slot_;
+    return Status::Ok();
+  }
+  // The padding slot, or -1 before padding_slot was first called.
+  int padding_slot() const { return padding_slot_; }
+
   Status free_request(RequestId id) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) return unknown(id);
@@ -856,6 +885,7 @@ class DraftCudaCache : public DraftRequests<DraftCudaSequence> {
   DeviceBuffer<float> k_, v_, scratch_k_, scratch_v_;
   DeviceBuffer<int32_t> tree_parent_;
   std::vector<int> free_slots_;  // lowest slot last
+  int padding_slot_ = -1;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -912,6 +942,24 @@ Status check_span(std::string const& fn, char const* what, std::span<T> got, int
         size_mismatch(fn, what, std::span<T const>(got.data(), got.size()), want, why));
   }
   if (want > 0) return check_device_memory(fn, what, got.data());
+  return Status::Ok();
+}
+
+// A padded call's filler counts (DraftPadding, DraftTreeStep::padding): not negative, filler
+// requests only with filler entries to end on, the cache's padding slot taken.
+inline Status check_padding(std::string const& fn, DraftCudaCache const& cache, int64_t requests,
+                            int64_t entries) {
+  if (requests == 0 && entries == 0) return Status::Ok();
+  if (requests < 0 || entries < 0 || (requests > 0 && entries == 0)) {
+    return Status::InvalidArgument(fn + "padding of " + std::to_string(requests) +
+                                   " filler requests and " + std::to_string(entries) +
+                                   " filler entries: both must be >= 0, and filler requests "
+                                   "need filler entries");
+  }
+  if (cache.padding_slot() < 0) {
+    return Status::InvalidArgument(fn + "a padded call needs the cache's padding slot "
+                                        "(DraftCudaCache::padding_slot)");
+  }
   return Status::Ok();
 }
 
@@ -1105,8 +1153,19 @@ inline Status draft_logits_cuda(DraftCudaModel& m, float const* hidden, int64_t 
 //                          logits; what it reads and writes is fixed by the call's sizes (B, sum
 //                          counts), its spans and model.scratch_generation()
 //   finish_draft_extend    the bookkeeping: lengths advance, scratches clear
+// `padding` (a batch padded to its graph ladder's size, whose captured work then serves every
+// batch of that size): `entries` filler entries after the requests' (tokens and features hold
+// them), each at position 0 of cache->padding_slot() (committed row 0, seeing itself alone), and
+// `requests` filler requests after the batch's, whose last row is the last filler entry
+// (hidden_last and logits_last hold their rows). Nothing of a filler is kept: the padding slot's
+// length stays 0. The real rows' results are those of the unpadded call up to the GEMMs' bf16
+// rounding order.
+struct DraftPadding {
+  int64_t requests = 0, entries = 0;
+};
 struct DraftExtendCall {
   detail::CallRows rows;
+  int64_t outputs = 0;  // rows of hidden_last / logits_last: the batch and its filler requests
   DraftCudaModel::Scratch scratch{};
   std::vector<DraftCudaCache::Sequence*> seqs;
   std::vector<int32_t> counts;
@@ -1120,11 +1179,13 @@ inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftC
                                    std::span<int32_t const> counts,
                                    std::span<int32_t const> tokens,
                                    std::span<float const> features, std::span<float> hidden_last,
-                                   std::span<float> logits_last, DraftExtendCall* call) {
+                                   std::span<float> logits_last, DraftExtendCall* call,
+                                   DraftPadding padding = {}) {
   std::string const fn = "draft_extend (cuda): ";
   return kimi::detail::cpu_guard(fn, [&]() -> Status {
     SPECDEC_RETURN_IF_ERROR(
         detail::check_batch(fn, model, cache, requests, "load_draft_cuda_model", "DraftCudaCache"));
+    SPECDEC_RETURN_IF_ERROR(detail::check_padding(fn, *cache, padding.requests, padding.entries));
     int64_t const B = static_cast<int64_t>(requests.size()), H = model.hidden();
     int64_t const F = model.feature_width(), Vd = model.draft_vocab();
     if (counts.size() != requests.size()) {
@@ -1139,22 +1200,29 @@ inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftC
       }
       T += counts[b];
     }
-    SPECDEC_RETURN_IF_ERROR(detail::check_span(fn, "tokens", tokens, T, "sum of counts"));
+    int64_t const rows = T + padding.entries, outputs = B + padding.requests;
+    std::string const entries_why =
+        "sum of counts" + (padding.entries ? " + " + std::to_string(padding.entries) + " filler"
+                                           : std::string());
+    SPECDEC_RETURN_IF_ERROR(detail::check_span(fn, "tokens", tokens, rows, entries_why));
     SPECDEC_RETURN_IF_ERROR(detail::check_span(
-        fn, "features", features, T * F,
-        "sum of counts " + std::to_string(T) + " x feature width " + std::to_string(F) +
+        fn, "features", features, rows * F,
+        entries_why + " " + std::to_string(rows) + " x feature width " + std::to_string(F) +
             " = |target streams " + format_layers(model.feature_layers) + "| x target hidden " +
             std::to_string(model.config.target_hidden_size)));
-    std::string const batch_why = "batch " + std::to_string(B);
-    SPECDEC_RETURN_IF_ERROR(detail::check_span(fn, "hidden_last", hidden_last, B * H,
+    std::string const batch_why =
+        "batch " + std::to_string(B) +
+        (padding.requests ? " + " + std::to_string(padding.requests) + " filler" : std::string());
+    SPECDEC_RETURN_IF_ERROR(detail::check_span(fn, "hidden_last", hidden_last, outputs * H,
                                                batch_why + " x hidden " + std::to_string(H)));
     SPECDEC_RETURN_IF_ERROR(
-        detail::check_span(fn, "logits_last", logits_last, B * Vd,
+        detail::check_span(fn, "logits_last", logits_last, outputs * Vd,
                            batch_why + " x draft vocabulary " + std::to_string(Vd)));
     DraftExtendCall c;
-    c.rows.n = T;
+    c.rows.n = rows;
+    c.outputs = outputs;
     c.rows.features = features.data();
-    c.rows.meta.layout(T, B, 0);
+    c.rows.meta.layout(rows, outputs, 0);
     detail::RowsMeta& mt = c.rows.meta;
     c.seqs.resize(static_cast<size_t>(B));
     for (int64_t b = 0, first = 0; b < B; first += counts[b], ++b) {
@@ -1179,7 +1247,16 @@ inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftC
       }
       mt.at(mt.last_rows, b) = static_cast<int32_t>(first + counts[b] - 1);
     }
-    SPECDEC_RETURN_IF_ERROR(draft_scratch(model, T, detail::meta_ints(T, B, 0), &c.scratch));
+    int const filler_slot = cache->padding_slot();
+    for (int64_t r = T; r < rows; ++r) {
+      mt.at(mt.positions, r) = 0;
+      mt.at(mt.kv_rows, r) = static_cast<int32_t>(filler_slot * cache->max_length());
+      mt.at(mt.slot, r) = filler_slot;
+      mt.at(mt.committed, r) = 1;
+    }
+    for (int64_t b = B; b < outputs; ++b) mt.at(mt.last_rows, b) = static_cast<int32_t>(rows - 1);
+    SPECDEC_RETURN_IF_ERROR(
+        draft_scratch(model, rows, detail::meta_ints(rows, outputs, 0), &c.scratch));
     SPECDEC_CUDA_TRY(cudaMemcpyAsync(c.scratch.meta, mt.host.data(),
                                      mt.host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      e.stream));
@@ -1196,7 +1273,7 @@ inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftC
 
 inline Status enqueue_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
                                    DraftExtendCall const& c) {
-  int64_t const B = static_cast<int64_t>(c.seqs.size()), H = model.hidden();
+  int64_t const B = c.outputs, H = model.hidden();
   DraftCudaModel::Scratch const& s = c.scratch;
   SPECDEC_RETURN_IF_ERROR(
       detail::draft_forward_cuda(model, cache, c.rows, c.tokens, /*call=*/1, s, e.stream));
@@ -1222,10 +1299,12 @@ inline void finish_draft_extend(DraftExtendCall const& c) {
 inline Status draft_extend(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* cache,
                            std::span<RequestId const> requests, std::span<int32_t const> counts,
                            std::span<int32_t const> tokens, std::span<float const> features,
-                           std::span<float> hidden_last, std::span<float> logits_last) {
+                           std::span<float> hidden_last, std::span<float> logits_last,
+                           DraftPadding padding = {}) {
   DraftExtendCall call;
   SPECDEC_RETURN_IF_ERROR(prepare_draft_extend(e, model, cache, requests, counts, tokens,
-                                               features, hidden_last, logits_last, &call));
+                                               features, hidden_last, logits_last, &call,
+                                               padding));
   SPECDEC_RETURN_IF_ERROR(kimi::detail::cpu_guard(
       "draft_extend (cuda): ", [&] { return enqueue_draft_extend(e, model, cache, call); }));
   finish_draft_extend(call);
@@ -1361,7 +1440,11 @@ inline Status draft_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCache* 
 // in order 1, 2, ...; a new step 1 starts a new tree.
 struct DraftTreeStep {
   int step = 0, branches = 0;
-  int32_t const* slots = nullptr;        // [B]
+  // Filler requests after `requests` (a batch padded to its graph ladder's size): slots and
+  // lengths hold them (cache->padding_slot() and 0) and every array below their rows; they
+  // share the padding slot's scratch, writing the same values there.
+  int padding = 0;
+  int32_t const* slots = nullptr;        // [B] (B: the requests and the fillers)
   int32_t const* lengths = nullptr;      // [B]
   int32_t const* next_branch = nullptr;  // [B * K]
   int32_t const* tokens = nullptr;       // [B * K]
@@ -1406,7 +1489,9 @@ inline Status draft_tree_step(CudaExecutor e, DraftCudaModel& model, DraftCudaCa
       return Status::InvalidArgument(fn + "step " + std::to_string(t.step) + " must be >= 1");
     }
     SPECDEC_RETURN_IF_ERROR(check_draft_tree(model, *cache, requests, t.step + 1, t.branches));
-    int64_t const B = static_cast<int64_t>(requests.size()), K = t.branches, BK = B * K;
+    SPECDEC_RETURN_IF_ERROR(detail::check_padding(fn, *cache, t.padding, t.padding));
+    int64_t const B = static_cast<int64_t>(requests.size()) + t.padding, K = t.branches,
+                  BK = B * K;
     int64_t const H = model.hidden();
     for (auto [what, p] : {std::pair<char const*, void const*>{"slots", t.slots},
                            {"lengths", t.lengths},
