@@ -27,6 +27,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -382,6 +383,34 @@ TEST_CASE("engine (cuda): the scheduler serves concurrent clients their outputs 
                                      std::string::npos;
   }
   CHECK_MESSAGE(padded_line, "no padded-graph line among ", log.size(), " log lines");
+}
+
+// The step clock (events on the engine's stream; the verify and the extend queued without a host
+// wait): every phase takes time, each request's times are within the totals, and the phases
+// together fit in the run's wall time (a phase counted twice, or a host-clock span holding the
+// GPU work of another phase, would overflow it on the drafts' many short steps).
+TEST_CASE("engine (cuda): phase times are taken on the stream and fit the wall time") {
+  auto const requests = mixed_requests();
+  SpecMetrics total;
+  auto const t0 = std::chrono::steady_clock::now();
+  auto const got = run<E3<Chain<3>>>(requests, &total);
+  double const wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (double SpecMetrics::*phase : {&SpecMetrics::prefill_s, &SpecMetrics::draft_s,
+                                     &SpecMetrics::verify_s, &SpecMetrics::commit_s,
+                                     &SpecMetrics::extend_s}) {
+    CHECK(total.*phase > 0.0);
+    for (GenerationResult const& r : got) {
+      CHECK(r.metrics.*phase > 0.0);
+      CHECK(r.metrics.*phase <= total.*phase);
+    }
+  }
+  CHECK(total.build_s >= 0.0);
+  double const phases = total.prefill_s + total.draft_s + total.build_s + total.verify_s +
+                        total.commit_s + total.extend_s;
+  MESSAGE("phases " << phases << " s of a " << wall << " s run: draft " << total.draft_s
+                    << ", verify " << total.verify_s << ", commit " << total.commit_s
+                    << ", extend " << total.extend_s);
+  CHECK(phases <= wall);
 }
 
 TEST_CASE("engine (cuda): n-gram drafting accepts on repetitive text") {

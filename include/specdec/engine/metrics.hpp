@@ -15,7 +15,10 @@
 //                                 verifies that accepted the draft at depth d
 // Time (seconds, wall clock of the batch phases the request took part in): prefill (target
 // prefill + first draw + draft prefill), draft (propose), build (tree_build), verify (target
-// verify forward), commit (accept + KV commit + outputs), extend (draft extend).
+// verify forward), commit (accept + KV commit + outputs), extend (draft extend). On the CUDA
+// executor a step's phases are timed on the engine's stream between events at their boundaries
+// (the verify and the extend are queued without a host wait), so each holds its own GPU work;
+// a step's extend time is counted at the next step's commit.
 #pragma once
 
 #include <cstddef>

@@ -88,6 +88,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -411,9 +412,9 @@ class CudaDraftRun {
     }
     model::eagle::finish_draft_extend(call);
     for (int64_t slot : slots) has_last_[static_cast<size_t>(slot)] = true;
-    // The host waits, so that the extend's phase time holds its GPU work (as the target's
-    // forwards do, engine/target_cuda.cuh).
-    SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
+    // A prefill chunk's extend is waited for, so that the prefill's time (the host's) holds it;
+    // a verify's is not (the engine's step clock times it on the stream).
+    if (!after_verify) SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
     return Status::Ok();
   }
 
@@ -641,6 +642,88 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// The boundaries of one speculative step's phases, in order: each phase runs from its mark to
+// the next one's (extend: to kExtendEnd).
+enum StepMark : int {
+  kDraftStart = 0,
+  kBuildStart,
+  kVerifyStart,
+  kCommitStart,
+  kExtendStart,
+  kExtendEnd,
+  kStepMarks
+};
+
+// The phase clock of the host executor: a mark is the host's time.
+class HostStepClock {
+ public:
+  Status open(CpuExecutor) { return Status::Ok(); }
+  Status mark(StepMark m) {
+    at_[m] = Clock::now();
+    return Status::Ok();
+  }
+  Status seconds(StepMark from, StepMark to, double* out) const {
+    *out = std::chrono::duration<double>(at_[to] - at_[from]).count();
+    return Status::Ok();
+  }
+
+ private:
+  Clock::time_point at_[kStepMarks]{};
+};
+
+#if defined(__CUDACC__)
+// The phase clock of the CUDA executor: a mark is an event recorded on the engine's stream, so a
+// phase's time is the stream's between its marks: GPU work queued in the phase, and host work
+// while the stream waits for it, but not what the stream still ran of the phase before (the
+// draft phase of a step does not hold the tail of the previous step's extend). Nothing waits at
+// a mark; seconds(from, to) waits for `to`'s event (the engine reads a step's times after its
+// accept read-back, when the stream has drained).
+class CudaStepClock {
+ public:
+  CudaStepClock() = default;
+  CudaStepClock(CudaStepClock const&) = delete;
+  CudaStepClock& operator=(CudaStepClock const&) = delete;
+  ~CudaStepClock() {
+    for (cudaEvent_t e : events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  Status open(CudaExecutor exec) {
+    stream_ = exec.stream;
+    for (cudaEvent_t& e : events_) {
+      if (e == nullptr) SPECDEC_CUDA_TRY(cudaEventCreate(&e));
+    }
+    return Status::Ok();
+  }
+  Status mark(StepMark m) {
+    SPECDEC_CUDA_TRY(cudaEventRecord(events_[m], stream_));
+    return Status::Ok();
+  }
+  Status seconds(StepMark from, StepMark to, double* out) const {
+    SPECDEC_CUDA_TRY(cudaEventSynchronize(events_[to]));
+    float ms = 0.0f;
+    SPECDEC_CUDA_TRY(cudaEventElapsedTime(&ms, events_[from], events_[to]));
+    *out = 1e-3 * ms;
+    return Status::Ok();
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t events_[kStepMarks] = {};
+};
+#endif
+
+template <class Exec>
+struct StepClockFor {
+  using type = HostStepClock;
+};
+#if defined(__CUDACC__)
+template <>
+struct StepClockFor<CudaExecutor> {
+  using type = CudaStepClock;
+};
+#endif
 
 }  // namespace detail
 
@@ -892,6 +975,8 @@ class SpecEngine {
             std::max<int64_t>(o.max_prefill_tokens, int64_t{o.max_running} * kNodes), kTopK,
             kSteps, kNodes, kPathCapacity));
       }
+      SPECDEC_RETURN_IF_ERROR(clock_.open(e_.exec_));
+      extended_.clear();
       opened_ = true;
       return Status::Ok();
     }
@@ -1081,6 +1166,16 @@ class SpecEngine {
     void add_time(double SpecMetrics::*phase, double seconds, std::span<RequestId const> batch) {
       totals_.*phase += seconds;
       for (RequestId id : batch) slot(id).metrics.*phase += seconds;
+    }
+    // The last step's extend time, to the requests it extended that still run (and the totals).
+    Status take_extend_time() {
+      if (extended_.empty()) return Status::Ok();
+      double seconds = 0.0;
+      SPECDEC_RETURN_IF_ERROR(clock_.seconds(detail::kExtendStart, detail::kExtendEnd, &seconds));
+      std::erase_if(extended_, [this](RequestId id) { return !has_request(id); });
+      add_time(&SpecMetrics::extend_s, seconds, extended_);
+      extended_.clear();
+      return Status::Ok();
     }
 
     // One prefill forward over the next chunks of the prefilling requests; a request whose
@@ -1364,7 +1459,7 @@ class SpecEngine {
       detail::fill_sampling<Slot>(slots_of(batch), &s);
 
       // 1. Propose (draft_steps_at(B) steps).
-      auto t = detail::Clock::now();
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kDraftStart));
       draft_steps_ = e_.draft_steps_at(B);
       std::vector<int32_t> tokens, parents, node_count;
       int stride = 0;
@@ -1383,10 +1478,9 @@ class SpecEngine {
       }
       int const W = mask_words(N), P_cap = std::min(kPathCapacity, N);
       size_t const BN = static_cast<size_t>(B) * N;
-      add_time(&SpecMetrics::draft_s, detail::seconds_since(t), batch);
 
       // 2. Build.
-      t = detail::Clock::now();
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kBuildStart));
       std::vector<int32_t> prefix(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {
         int64_t length = 0;
@@ -1406,11 +1500,11 @@ class SpecEngine {
                             leaf_count.data(),  tree_status.data(),  P_cap};
       SPECDEC_RETURN_IF_ERROR(ops::tree_build(CpuExecutor{}, tb));
       SPECDEC_RETURN_IF_ERROR(check_tree_status(tree_status.data(), B));
-      add_time(&SpecMetrics::build_s, detail::seconds_since(t), batch);
 
       // 3. Verify forward over the N slots; slots past a smaller tree's node count hold the root
       // token as a child of the root (valid for the forward, never read by accept or commit).
-      t = detail::Clock::now();
+      // The CUDA target queues it without a host wait: accept and commit queue behind it.
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kVerifyStart));
       std::vector<int32_t> v_tokens = tokens, v_positions = positions;
       std::vector<uint32_t> v_mask = mask;
       for (int b = 0; b < B; ++b) {
@@ -1426,10 +1520,9 @@ class SpecEngine {
       }
       SPECDEC_RETURN_IF_ERROR(
           target_.verify(ids, N, v_tokens, v_positions, v_mask, aux_layers(), s.all_greedy));
-      add_time(&SpecMetrics::verify_s, detail::seconds_since(t), batch);
 
       // 4. Accept, 5. commit.
-      t = detail::Clock::now();
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kCommitStart));
       std::vector<int32_t> path(static_cast<size_t>(B) * P_cap), num_accepted(B), next_token(B);
       Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
@@ -1482,13 +1575,26 @@ class SpecEngine {
           }
         }
       }
-      add_time(&SpecMetrics::commit_s, detail::seconds_since(t), batch);
+      // The phase times (the accept read-back has drained the stream); the previous step's
+      // extend first, since its marks are reused now.
+      SPECDEC_RETURN_IF_ERROR(take_extend_time());
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kExtendStart));
+      for (auto [phase, from, to] :
+           {std::tuple{&SpecMetrics::draft_s, detail::kDraftStart, detail::kBuildStart},
+            std::tuple{&SpecMetrics::build_s, detail::kBuildStart, detail::kVerifyStart},
+            std::tuple{&SpecMetrics::verify_s, detail::kVerifyStart, detail::kCommitStart},
+            std::tuple{&SpecMetrics::commit_s, detail::kCommitStart, detail::kExtendStart}}) {
+        double seconds = 0.0;
+        SPECDEC_RETURN_IF_ERROR(clock_.seconds(from, to, &seconds));
+        add_time(phase, seconds, batch);
+      }
 
-      // 6. Draft extend.
+      // 6. Draft extend, queued without a host wait on the CUDA executor: the next step's
+      // proposal queues behind it, and its time is taken at the next step's commit.
       if constexpr (kDraftsWithModel) {
-        t = detail::Clock::now();
         SPECDEC_RETURN_IF_ERROR(extend(still, d_counts, d_tokens, d_rows, true));
-        add_time(&SpecMetrics::extend_s, detail::seconds_since(t), still);
+        SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kExtendEnd));
+        extended_ = still;
       }
       // The finished requests leave (their events of this speculative step close).
       for (size_t i = first_event; i < events->size(); ++i) {
@@ -1511,6 +1617,8 @@ class SpecEngine {
     std::vector<RequestId> prefilling_, decoding_;   // in admission order
     int draft_steps_ = -1;                           // of the last speculative step
     SpecMetrics totals_;                             // see totals()
+    typename detail::StepClockFor<Exec>::type clock_;  // the phase marks of the step
+    std::vector<RequestId> extended_;  // the last step's extend, whose time is not taken yet
   };
 
  private:

@@ -4,7 +4,8 @@
 // they take and give are host arrays: the small per-step arrays (tree, links, sampling,
 // acceptance, page tables) are copied to the device on the executor's stream and the results read
 // back (the host waits once per call: accept_commit's upload, verify and kv_commit, read-back are
-// one round trip), while logits stay on the device. A vocabulary-sharded
+// one round trip; verify itself returns without waiting, its forward queued before them), while
+// logits stay on the device. A vocabulary-sharded
 // target keeps only the argmax of an all-greedy batch, as CpuTarget does.
 //   set_graph_ladder(sizes)   the policy's graph ladder (policy/graph.hpp; before create_cache):
 //       verify forwards run padded to it and eagerly above it (model/kimi/forward_cuda.cuh's
@@ -153,7 +154,7 @@ class CudaTarget {
     SPECDEC_RETURN_IF_ERROR(model::kimi::kimi_verify(exec_, *model_, &cache_.table, ids, nodes,
                                                      tokens, positions, mask, aux_layers, &out_,
                                                      logits_mode(all_greedy), ladder_));
-    return finish_forward();
+    return Status::Ok();  // queued: accept_commit queues behind it and waits once for both
   }
 
   Status sample_rows(std::span<int64_t const> rows, BatchSampling const& s,
@@ -320,8 +321,8 @@ class CudaTarget {
   model::kimi::LogitsMode logits_mode(bool all_greedy) const {
     return logits_mode_for(all_greedy, model_->vocab.size() != model_->config.vocab_size);
   }
-  // The host waits for the forward, so that the engine's phase times (verify, then accept +
-  // commit) each hold their own GPU work; the step reads the acceptance back right after anyway.
+  // The host waits for a prefill forward, so that the engine's prefill time (the host's) holds
+  // its GPU work. A verify is not waited for (the engine's step clock times it on the stream).
   Status finish_forward() {
     SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
     return Status::Ok();
