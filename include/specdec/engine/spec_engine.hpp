@@ -63,11 +63,14 @@
 //                                draft_expand / draft_finalize's CUDA kernels, the proposal's
 //                                tree on the device, so that the whole proposal is one CUDA
 //                                graph per (batch, steps, nodes), and the extend after a verify
-//                                one per shape: DraftCudaModel::step_graphs); the host reads
-//                                back the proposal's tokens / parents [B, N] with the draft's
-//                                error record in one copy, and each step's acceptance and
-//                                commit in one more; n-gram lookup and tree_build run on the
-//                                host.
+//                                one per shape, padded to the GraphLadder as the target's
+//                                forwards: DraftCudaModel::step_graphs); a step waits for the
+//                                device twice: the host reads back the proposal's tokens /
+//                                parents [B, N] with the draft's error record in one copy, and
+//                                the step's acceptance and commit in one more (the verify and
+//                                the extend are queued without a wait; the phases are timed by
+//                                events on the stream, detail::CudaStepClock); n-gram lookup
+//                                and tree_build run on the host.
 // Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
 // of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
 // and its own copy of the draft. The forward's all-reduces leave every rank the same residual
