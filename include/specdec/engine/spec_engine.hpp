@@ -1276,23 +1276,21 @@ class SpecEngine {
     // next proposal (on the host, or on the device for the CUDA draft, whose features are
     // gathered on the device).
     // after_verify: a step's accepted tokens (else a prefill chunk's).
+    // tokens and rows are the step's own (a padded extend appends its fillers to them).
     Status extend(std::span<RequestId const> batch, std::vector<int32_t> const& counts,
-                  std::vector<int32_t> const& tokens, std::vector<int64_t> const& rows,
-                  bool after_verify) {
+                  std::vector<int32_t>& tokens, std::vector<int64_t>& rows, bool after_verify) {
       if (batch.empty()) return Status::Ok();
       if constexpr (!kHostDraft) {
         // A padded extend's filler entries: token 0 with the features of the forward's row 0.
-        int64_t const fillers =
-            after_verify ? draft_.extend_padding(static_cast<int>(batch.size()),
-                                                 static_cast<int64_t>(tokens.size()))
-                         : 0;
-        std::vector<int32_t> padded_tokens = tokens;
-        std::vector<int64_t> padded_rows = rows;
-        padded_tokens.resize(tokens.size() + static_cast<size_t>(fillers), 0);
-        padded_rows.resize(rows.size() + static_cast<size_t>(fillers), 0);
+        if (after_verify) {
+          size_t const fillers = static_cast<size_t>(draft_.extend_padding(
+              static_cast<int>(batch.size()), static_cast<int64_t>(tokens.size())));
+          tokens.resize(tokens.size() + fillers, 0);
+          rows.resize(rows.size() + fillers, 0);
+        }
         std::span<float const> features;
-        SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(padded_rows, &features));
-        return draft_.extend(batch, counts, padded_tokens, features, after_verify);
+        SPECDEC_RETURN_IF_ERROR(target_.gather_aux_rows(rows, &features));
+        return draft_.extend(batch, counts, tokens, features, after_verify);
       } else {
         std::vector<float> features;
         SPECDEC_RETURN_IF_ERROR(target_.aux_rows(rows, &features));
