@@ -1,5 +1,5 @@
 // verify_sample: batch {1, 8, 64} x nodes {4, 16, 64} x V {32000, 163840}, deterministic and
-// sampled drafts, temperature 1. Trees are chains (top-k 1) whose drafts are the target argmax,
+// sampled drafts, temperature 1 (filtered 1: with top-k 50 and top-p 0.9). Trees are chains (top-k 1) whose drafts are the target argmax,
 // so every node is accepted: the worst case (one row visited per depth). bytes_per_launch = the
 // logit (and draft) rows the walk must read: B * N * V * 4 (x2 sampled) -- the fewest bytes when
 // every node is accepted. Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840); the largest
@@ -19,6 +19,7 @@ void BM_verify_sample(benchmark::State& state) {
   int const B = static_cast<int>(state.range(0)), N = static_cast<int>(state.range(1));
   int const V = static_cast<int>(state.range(2));
   bool const sampled = state.range(3) != 0;
+  bool const filtered = state.range(4) != 0;
   size_t const rows = static_cast<size_t>(B) * N;
   testing::Rng rng(3);
   // Row i has a dominant token (i * 7919) % V so a chain of those tokens is accepted.
@@ -43,7 +44,8 @@ void BM_verify_sample(benchmark::State& state) {
   DeviceBuffer<float> d_logits(all), d_q(q);
   DeviceBuffer<int32_t> d_tokens(tokens), d_parents(parents), d_depth(depth), d_fc(fc), d_ns(ns);
   DeviceBuffer<int32_t> d_ts(std::vector<int32_t>(B, 0));
-  DeviceBuffer<float> temperature(std::vector<float>(B, 1.0f));
+  DeviceBuffer<float> temperature(std::vector<float>(B, 1.0f)), top_p(std::vector<float>(B, 0.9f));
+  DeviceBuffer<int32_t> top_k(std::vector<int32_t>(B, 50));
   DeviceBuffer<uint64_t> seed(std::vector<uint64_t>(B, 5));
   DeviceBuffer<uint32_t> step(std::vector<uint32_t>(B, 2));
   DeviceBuffer<int32_t> path(rows), num(B), next(B), status(B);
@@ -53,7 +55,8 @@ void BM_verify_sample(benchmark::State& state) {
   p.logits = d_logits.data();
   p.draft_probs = sampled ? d_q.data() : nullptr;
   p.vocab = V;
-  p.config = {temperature.data(), nullptr, nullptr};
+  p.config = {temperature.data(), filtered ? top_k.data() : nullptr,
+              filtered ? top_p.data() : nullptr};
   p.keys = {seed.data(), step.data(), nullptr};
   p.out = {path.data(), num.data(), next.data(), N};
   p.status = status.data();
@@ -67,8 +70,9 @@ void BM_verify_sample(benchmark::State& state) {
   });
 }
 SPECDEC_CUDA_BENCHMARK(BM_verify_sample)
-    ->ArgNames({"batch", "nodes", "vocab", "sampled"})
-    ->ArgsProduct({{1, 8, 64}, {4, 16, 64}, {32000, 163840}, {0}})
-    ->ArgsProduct({{1, 8}, {4, 16}, {32000, 163840}, {1}});
+    ->ArgNames({"batch", "nodes", "vocab", "sampled", "filtered"})
+    ->ArgsProduct({{1, 8, 64}, {4, 16, 64}, {32000, 163840}, {0}, {0}})
+    ->ArgsProduct({{1, 8}, {4, 16}, {32000, 163840}, {1}, {0}})
+    ->ArgsProduct({{1, 8, 64}, {4, 16}, {32000, 163840}, {0}, {1}});
 
 }  // namespace

@@ -4,7 +4,12 @@
 # the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|kimi1gpu|step]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|kimi1gpu|step|ops]... [--bench-filter REGEX]
+# ops (not in all): builds the CUDA tests and the op benchmarks alone, runs the GPU tests
+# (ctest -L gpu; SPECDEC_CTEST_REGEX narrows them) and the op benchmarks (--bench-filter). SPECDEC_NCU="BENCH_FILTER::KERNEL_REGEX"
+# adds Nsight Compute (--clock-control none) on the first launch of the kernels matching
+# KERNEL_REGEX in the benchmarks matching BENCH_FILTER (ncu.txt in the logs, its headline figures
+# in the summary); SPECDEC_SASS=REGEX counts the SASS opcodes of the kernels whose names match.
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
@@ -43,8 +48,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
     all) stages+=(tests parity bench engine tp); shift ;;
-    tests|parity|bench|engine|tp|kimi|kimi1gpu|step|demo) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step demo; --bench-filter REGEX)" >&2; exit 2 ;;
+    tests|parity|bench|engine|tp|kimi|kimi1gpu|step|demo|ops) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step demo ops; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
@@ -55,6 +60,7 @@ for stage in "${stages[@]}"; do
   case $stage in
     kimi|kimi1gpu|demo) only_targets+=(specdec-kimi) ;;
     step) only_targets+=(specdec_bench_kimi_step) ;;
+    ops) only_targets+=(specdec_cuda_tests specdec_bench_ops) ;;
     *) only_targets=(); break ;;
   esac
 done
@@ -81,8 +87,11 @@ echo "build: $((SECONDS - start)) s" >> "$summary"
 { echo "ptxas spills / stack frames (non-zero):"
   grep -E "spill|stack frame" "$logs/build.log" | grep -v " 0 bytes spill" | grep -v "0 bytes stack frame" | sort | uniq -c | head -20; } >> "$summary"
 status=0
-if wants tests; then
-  timeout 300 ctest --test-dir $build --output-on-failure -j 4 > "$logs/ctest.log" 2>&1 || status=1
+if wants tests || wants ops; then
+  labels=()
+  wants tests || labels=(-L gpu)
+  [ -n "${SPECDEC_CTEST_REGEX:-}" ] && labels+=(-R "$SPECDEC_CTEST_REGEX")
+  timeout 300 ctest --test-dir $build --output-on-failure -j 4 "${labels[@]}" > "$logs/ctest.log" 2>&1 || status=1
   { echo "--- ctest"; grep -E "Test +#|tests passed|Failed|\*\*\*" "$logs/ctest.log" | grep -v " Passed " | tail -30;
     grep -E "tests passed" "$logs/ctest.log"; } >> "$summary"
 fi
@@ -237,7 +246,7 @@ if wants engine; then
     { echo "--- engine FAILED ($?)"; tail -5 "$logs/engine.txt"; } >> "$summary"; status=1
   fi
 fi
-if wants bench; then
+if wants bench || wants ops; then
   # One family at a time, each bounded, so a slow family cannot cost the others their numbers.
   families=$($build/benchmarks/specdec_bench_ops --benchmark_list_tests | sed 's|/.*||' | sort -u |
              grep -E "$filter")
@@ -249,6 +258,23 @@ if wants bench; then
   done
   python3 scripts/bench_table.py "$logs"/BM_*.json > "$OUT/results.md" 2>&1 || status=1
   echo "--- bench: results.md written" >> "$summary"
+fi
+if wants ops && [ -n "${SPECDEC_SASS:-}" ]; then
+  cuobjdump --dump-sass $build/benchmarks/specdec_bench_ops > "$logs/sass.txt" 2>&1
+  { echo "--- SASS opcodes of kernels matching '$SPECDEC_SASS'"
+    awk -v re="$SPECDEC_SASS" '/Function : /{f = ($0 ~ re)} f && /\/\*[0-9a-f]+\*\//{for (i = 2; i <= NF; ++i) if ($i !~ /^@/) {print $i; break}}' \
+      "$logs/sass.txt" | sed 's/;//' | sort | uniq -c | sort -rn | head -40; } >> "$summary"
+  rm -f "$logs/sass.txt"
+fi
+if wants ops && [ -n "${SPECDEC_NCU:-}" ]; then
+  ncu_bench=${SPECDEC_NCU%%::*} ncu_kernel=${SPECDEC_NCU##*::}
+  timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" --launch-count 3 \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats $build/benchmarks/specdec_bench_ops \
+    --benchmark_filter="$ncu_bench" > "$logs/ncu.txt" 2>&1 || echo "ncu: exit $?" >> "$summary"
+  { echo "--- ncu ($SPECDEC_NCU)"
+    grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Stall|Issued Warp|No Eligible|Cluster" \
+      "$logs/ncu.txt" | head -60; } >> "$summary"
 fi
 echo "exit status $status, $((SECONDS - start)) s" >> "$summary"
 exit $status

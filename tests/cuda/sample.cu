@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -70,19 +71,21 @@ bool near_boundary(float const* row, int vocab, float t, int32_t k, float top_p,
 
 TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
   struct Size { int batch, vocab; };
-  Size const sizes[] = {{1, 163840}, {8, 163840}, {64, 32000}, {256, 32000}, {7, 1003}, {3, 5}};
+  // {2, 300000}: slices longer than the threshold kernel keeps in shared memory (re-read passes).
+  Size const sizes[] = {{1, 163840}, {8, 163840}, {64, 32000}, {256, 32000},
+                        {7, 1003},   {3, 5},      {2, 300000}};
   float const temps[] = {0.0f, 0.7f, 1.3f};
   int64_t compared = 0, skipped = 0;
   testing::Rng rng(2024);
   for (Size s : sizes) {
     for (float t : temps) {
-      for (int variant = 0; variant < 3; ++variant) {  // plain, top_p 0.9, top_k 50
+      for (int variant = 0; variant < 4; ++variant) {  // plain, top_p 0.9, top_k 50, both
         int const B = s.batch, V = s.vocab;
         Host h;
         h.logits = testing::random_logits(rng, B, V);
         h.temperature.assign(B, t);
-        h.top_k.assign(B, variant == 2 ? 50 : 0);
-        h.top_p.assign(B, variant == 1 ? 0.9f : 1.0f);
+        h.top_k.assign(B, variant == 2 ? 50 : (variant == 3 ? 1000 : 0));
+        h.top_p.assign(B, variant == 1 ? 0.9f : (variant == 3 ? 0.8f : 1.0f));
         for (int b = 0; b < B; ++b) {
           h.seed.push_back(rng());
           h.step.push_back(static_cast<uint32_t>(rng()));
@@ -121,6 +124,64 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
   }
   MESSAGE("compared " << compared << ", near-boundary " << skipped);
   CHECK(skipped * 100 < compared);
+}
+
+TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exactly)") {
+  // Rows split over 1 block (no cluster), 3 and 16 blocks; logits on a grid of 1/4 (many ties at
+  // the thresholds) and continuous; V = 300000 re-reads its slices instead of caching them.
+  struct Case { int vocab, max_blocks; bool ties; };
+  Case const cases[] = {{1003, 1, false},   {32000, 3, true},   {32000, 16, false},
+                        {163840, 16, true}, {163840, 1, false}, {300000, 16, true}};
+  struct Setting { int32_t top_k; float top_p; };
+  Setting const settings[] = {{1, 1.0f}, {50, 1.0f},  {4000, 1.0f}, {0, 0.5f},
+                              {0, 0.9f}, {0, 0.99f}, {50, 0.9f},   {4000, 0.3f}};
+  int const B = static_cast<int>(std::size(settings));
+  testing::Rng rng(31);
+  int64_t compared = 0, near = 0;
+  for (Case c : cases) {
+    int const V = c.vocab;
+    std::vector<float> logits = testing::random_logits(rng, B, V);
+    if (c.ties) {
+      for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;
+    }
+    std::vector<float> temperature(B, 0.8f), top_p(B);
+    std::vector<int32_t> top_k(B);
+    for (int b = 0; b < B; ++b) top_k[b] = settings[b].top_k, top_p[b] = settings[b].top_p;
+    DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_p);
+    DeviceBuffer<int32_t> d_top_k(top_k);
+    DeviceBuffer<uint64_t> workspace((sample_workspace_bytes(B, V) + 7) / 8);
+    REQUIRE(workspace.fill_bytes(0xff).ok());
+    SamplingConfig const config{d_temperature.data(), d_top_k.data(), d_top_p.data()};
+    REQUIRE(launch_sample_row_thresholds(d_logits.data(), B, V, 1, config, workspace.data(),
+                                         nullptr, c.max_blocks).ok());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<uint64_t> bytes = workspace.download();
+    uint32_t const* keys = sample_min_keys(bytes.data(), B, V);
+    for (int b = 0; b < B; ++b) {
+      float const* row = logits.data() + static_cast<size_t>(b) * V;
+      if (!sample_uses_top_k(top_k[b], V) && !sample_uses_top_p(top_p[b])) {
+        CHECK(keys[b] == 0xffffffffu);  // left to the chunk partials: not written
+        continue;
+      }
+      TargetDist want;
+      REQUIRE(target_dist_reference(row, V, 0.8f, top_k[b], top_p[b], want) == kSampleOk);
+      ++compared;
+      if (keys[b] == want.min_key) continue;
+      bool boundary = false;  // top-p whose mass target lies within rounding of a partial sum
+      if (sample_uses_top_p(top_p[b])) {
+        TargetDist lo, hi;
+        (void)target_dist_reference(row, V, 0.8f, top_k[b], top_p[b] * (1 - 1e-4f), lo);
+        (void)target_dist_reference(row, V, 0.8f, top_k[b], top_p[b] * (1 + 1e-4f), hi);
+        boundary = lo.min_key != hi.min_key;
+      }
+      CHECK_MESSAGE(boundary, "V=" << V << " blocks<=" << c.max_blocks << " ties " << c.ties
+                                   << " top_k " << top_k[b] << " top_p " << top_p[b]
+                                   << ": gpu key " << keys[b] << " cpu key " << want.min_key);
+      ++near;
+    }
+  }
+  MESSAGE("compared " << compared << ", top-p near a boundary " << near);
+  CHECK(near * 20 < compared);
 }
 
 TEST_CASE("sample: invalid per-request values on the GPU") {

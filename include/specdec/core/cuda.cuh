@@ -170,3 +170,16 @@ class DeviceBuffer {
 
 // Returns a kCudaError Status from the enclosing function when a CUDA call fails.
 #define SPECDEC_CUDA_TRY(expr) SPECDEC_RETURN_IF_ERROR(::specdec::cuda_status((expr), #expr))
+
+namespace specdec {
+
+// Whether the current device launches thread-block clusters (compute capability 9.0 and later).
+inline Status current_device_has_clusters(bool& has_clusters) {
+  int device = 0, major = 0;
+  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
+  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  has_clusters = major >= 9;
+  return Status::Ok();
+}
+
+}  // namespace specdec

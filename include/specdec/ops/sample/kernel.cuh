@@ -1,22 +1,23 @@
 // sample CUDA kernels and the block-level sampling agents verify_sample reuses.
 // Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32,
 // workspace [B, ceil(V / kSampleChunk)] SampleChunkPartial (device memory).
-// Rows sampled greedily or with temperature alone (the common case) take two launches:
-//   1. sample_chunk_partials_kernel: one block of kChunkThreads per (row, chunk of kSampleChunk
-//      logits) reads its chunk once into registers and leaves the chunk's argmax and its mass
-//      about its own maximum, so the whole GPU streams even one row;
-//   2. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
+// Three launches, each leaving the rows of the others alone:
+//   1. sample_chunk_partials_kernel (rows sampled greedily or with temperature alone, the common
+//      case): one block of kChunkThreads per (row, chunk of kSampleChunk logits) reads its chunk
+//      once into registers and leaves the chunk's argmax and its mass about its own maximum, so
+//      the whole GPU streams even one row;
+//   2. sample_row_thresholds_kernel (rows with top-k or top-p): one thread-block cluster per row
+//      (up to 16 blocks on sm_90, one block elsewhere), each block a slice of whole chunks read
+//      once from memory and kept in shared memory as keys of z = l / T. Inside the cluster
+//      (distributed shared memory): the row maximum; top-k as 4 radix-select passes of 8-bit
+//      digits counting keys; top-p as the kept mass and 4 radix-select passes summing weights
+//      in fixed point; then every chunk's argmax and kept mass, and the row's threshold key;
+//   3. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
 //      argmax), picks the chunk holding u * mass and scans that chunk alone.
-// Rows with top-k or top-p keep one block of kSampleThreads on the whole row (the row, <= 640 KB
-// at V = 163840, stays in L2 between the block's passes):
-//   a. row maximum of z = l / T
-//   b. top-k: 3 radix-select passes (11/11/10-bit digits) counting keys of z
-//   c. top-p: a mass pass, then 3 radix-select passes summing weights per digit
-//   d. inverse CDF: per-warp segment sums (one pass), then the crossing segment split over the 32
-//      warps, then one warp scans the crossing sub-segment element by element.
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,57 +34,88 @@ namespace specdec::ops {
 // (at batch >= 64 most SMs hold one row each).
 constexpr int kSampleThreads = 1024;
 constexpr int kSampleWarps = kSampleThreads / 32;
-constexpr int kSampleRadixBins = 2048;  // 11-bit digits: 3 passes over a 32-bit key
 // Loads in flight per thread in the streaming loops.
 constexpr int kSampleUnroll = 4;
+// The threshold kernel: 8-bit radix digits (4 passes over a 32-bit key), at most 16 blocks per
+// row (sm_90's largest cluster, beyond the portable 8), and a block keeps its slice's keys in
+// shared memory while the slice is at most 3 chunks (48 KB; V = 163840 is 40 chunks: 14 blocks
+// of 3). Longer slices (V above 196608) are re-read from L2 on each pass.
+constexpr int kSampleRadixBins = 256;
+constexpr int kSampleMaxCluster = 16;
+constexpr int kSampleCachedChunks = 3;
+// 512 threads (64 registers each) leave room for two blocks per SM, so a cluster of 16 needs 8
+// SMs of a GPC.
+constexpr int kSampleThresholdThreads = 512;
 
-// Radix histograms accumulate in 64-bit fixed point (units of 2^-39): integer atomics commute, so
-// the top-k / top-p thresholds, and with them every sampled token, are bitwise reproducible from
-// run to run (float atomics would round in arrival order). Each amount is at most 1 (a weight
-// exp(z - max), or a count), so a row of V <= 2^24 = kSampleMaxVocab entries sums to at most
-// 2^63 units and cannot overflow (2^40 units would wrap to 0 at V = 2^24 when every key lands in
-// one bin).
-constexpr float kSampleHistScale = 549755813888.0f;  // 2^39
+// Radix histograms of weights add integers: a weight w = exp(z - max) <= 1 counts as
+// min(round(w * 2^32), 2^32 - 1) units (rounding error <= 2^-33 per token, below 2e-5 of the
+// largest weight over V = 163840), and integer sums commute, so the top-p threshold, and with it
+// every sampled token, is bitwise reproducible from run to run (float atomics would round in
+// arrival order). A row of V <= 2^24 = kSampleMaxVocab entries sums to below 2^56 units. Blocks
+// add in 32-bit shared atomics (64-bit shared atomics are compare-and-swap loops, which
+// serialise on the few bins the top digit fills): each unit count is split into its high and low
+// 16 bits over a segment of at most kSampleSegment keys, so neither 32-bit half can overflow,
+// and the halves join in 64 bits after the segment.
+constexpr float kSampleUnitScale = 4294967296.0f;  // 2^32
+constexpr unsigned long long kSampleMaxUnits = 0xffffffffull;
+constexpr int kSampleSegment = 1 << 16;
 
 struct SampleShared {
-  unsigned long long hist[kSampleRadixBins];  // fixed point, kSampleHistScale units
+  unsigned long long hist[2][kSampleRadixBins];  // the threshold kernel's, by pass parity
+  uint32_t segment_high[kSampleRadixBins];       // a segment's bins: units >> 16 ...
+  uint32_t segment_low[kSampleRadixBins];        // ... and units & 0xffff
+  uint64_t published[2];  // a block's value that the rest of its cluster reads
   uint64_t scratch64[kSampleWarps];
   float part[kSampleWarps];
   float pick_target;
   int pick;
-  int32_t row_greedy;  // block_row_dist's broadcast of warp 0's TargetDist (min_key 0), mass, error
+  unsigned long long pick_above;
+  int32_t row_greedy;  // block_row_dist's broadcast of warp 0's TargetDist, mass and error
   float row_inv_t;
   float row_max_z;
+  uint32_t row_min_key;
   float row_mass;
   int32_t row_error;
 };
 
 namespace sample_detail {
 
-// A fixed-point histogram bin as a float mass.
-__device__ inline float hist_mass(unsigned long long bin) {
-  return __ull2float_rn(bin) * (1.0f / kSampleHistScale);
-}
-
-// Block-wide reductions; every thread gets the same value (same summation order everywhere).
+// Block-wide reductions over blocks of kThreads (<= kSampleThreads); every thread gets the same
+// value (same summation order everywhere).
+template <int kThreads = kSampleThreads>
 __device__ inline float block_sum(float v, SampleShared& sh) {
   v = warp_sum(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.part[threadIdx.x >> 5] = v;
   __syncthreads();
   float total = 0.0f;
-  for (int w = 0; w < kSampleWarps; ++w) total += sh.part[w];
+  for (int w = 0; w < kThreads / 32; ++w) total += sh.part[w];
   return total;
 }
 
-__device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
-  v = warp_max_u64(v);
+// `op` (a max or a sum: any order gives the same result) of a uint64 over the block.
+template <int kThreads = kSampleThreads, class Op>
+__device__ inline uint64_t block_reduce_u64(uint64_t v, Op op, SampleShared& sh) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.scratch64[threadIdx.x >> 5] = v;
   __syncthreads();
-  uint64_t best = 0;
-  for (int w = 0; w < kSampleWarps; ++w) best = sh.scratch64[w] > best ? sh.scratch64[w] : best;
-  return best;
+  uint64_t result = sh.scratch64[0];
+  for (int w = 1; w < kThreads / 32; ++w) result = op(result, sh.scratch64[w]);
+  return result;
+}
+
+struct MaxU64 {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
+};
+struct SumU64 {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
+};
+
+template <int kThreads = kSampleThreads>
+__device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
+  return block_reduce_u64<kThreads>(v, MaxU64{}, sh);
 }
 
 // Calls f(v, logit) for v in [lo, hi) of `row`, lanes of `group` threads (rank `rank`) striding.
@@ -108,117 +140,6 @@ __device__ inline void for_each_logit(float const* row, int lo, int hi, int rank
 #pragma unroll kSampleUnroll
     for (int v = lo + rank; v < hi; v += group) f(v, __ldg(row + v));
   }
-}
-
-// Largest key K with sum_{v eligible, key_v >= K} amount_v >= target, by three radix passes.
-// `classify(v, logit, key, amount)` returns whether v takes part and sets its key and amount.
-template <class Classify>
-__device__ uint32_t block_radix_threshold(float const* row, int vocab, Classify&& classify,
-                                          float target, SampleShared& sh) {
-  uint32_t prefix = 0, prefix_mask = 0;
-  float above = 0.0f;
-  int const lane = threadIdx.x & 31;
-  for (int pass = 0; pass < 3; ++pass) {
-    int const bits = pass == 2 ? 10 : 11;  // digits 31..21, 20..10, 9..0
-    int const shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-    uint32_t const digit_mask = (1u << bits) - 1u;
-    int const bins = 1 << bits;
-    __syncthreads();
-    for (int i = threadIdx.x; i < bins; i += kSampleThreads) sh.hist[i] = 0;
-    __syncthreads();
-    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
-      uint32_t key;
-      float amount;
-      if (classify(v, l, key, amount) && (key & prefix_mask) == prefix && amount > 0.0f) {
-        atomicAdd(&sh.hist[(key >> shift) & digit_mask], __float2ull_rn(amount * kSampleHistScale));
-      }
-    });
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      int const per = bins / 32;
-      float lane_mass = 0.0f;
-      for (int i = 0; i < per; ++i) lane_mass += hist_mass(sh.hist[lane * per + i]);
-      // Suffix sums over lanes (from the top).
-      float suffix = lane_mass;
-      for (int o = 1; o < 32; o <<= 1) {
-        float const t = __shfl_down_sync(0xffffffffu, suffix, o);
-        if (lane + o < 32) suffix += t;
-      }
-      unsigned const ok = __ballot_sync(0xffffffffu, above + suffix >= target);
-      int const chosen_lane = ok ? 31 - __clz(ok) : 0;  // none (rounding): keep everything
-      float const lane_above = __shfl_sync(0xffffffffu, suffix - lane_mass, chosen_lane);
-      if (lane == chosen_lane) {
-        float acc = above + lane_above;
-        int bin = lane * per + per - 1;
-        for (; bin > lane * per; --bin) {
-          if (acc + hist_mass(sh.hist[bin]) >= target) break;
-          acc += hist_mass(sh.hist[bin]);
-        }
-        sh.pick = bin;
-        sh.pick_target = acc;
-      }
-    }
-    __syncthreads();
-    prefix |= static_cast<uint32_t>(sh.pick) << shift;
-    prefix_mask |= digit_mask << shift;
-    above = sh.pick_target;
-  }
-  return prefix;
-}
-
-// Builds the TargetDist of a row (every thread gets the same one); returns its SampleError.
-__device__ inline int32_t block_target_dist(float const* row, int vocab, float temperature,
-                                            int32_t top_k, float top_p, TargetDist& dist,
-                                            SampleShared& sh) {
-  dist = TargetDist{};
-  int32_t const error = sample_config_error(temperature, top_p);
-  if (error != kSampleOk) return error;
-  if (sample_is_greedy(temperature)) {
-    uint64_t best = 0;
-    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads, [&](int v, float l) {
-      uint64_t const k = pack_value_index(l, v);
-      best = k > best ? k : best;
-    });
-    best = block_max_u64(best, sh);
-    if (!isfinite(unpack_value(best))) return kSampleBadLogits;
-    dist.greedy_token = unpack_index(best);
-    return kSampleOk;
-  }
-  float const inv_t = 1.0f / temperature;
-  dist.inv_t = inv_t;
-  uint32_t max_key = 0;
-  for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads,
-                 [&](int, float l) { max_key = max(max_key, float_order_key(l * inv_t)); });
-  max_key = static_cast<uint32_t>(block_max_u64(max_key, sh));
-  dist.max_z = float_from_order_key(max_key);
-  if (!isfinite(dist.max_z)) return kSampleBadLogits;
-  if (sample_uses_top_k(top_k, vocab)) {
-    dist.min_key = block_radix_threshold(
-        row, vocab,
-        [&](int, float l, uint32_t& key, float& amount) {
-          key = float_order_key(l * inv_t);
-          amount = 1.0f;
-          return true;
-        },
-        static_cast<float>(top_k), sh);
-  }
-  if (sample_uses_top_p(top_p)) {
-    TargetDist const topk_dist = dist;
-    float local = 0.0f;
-    for_each_logit(row, 0, vocab, threadIdx.x, kSampleThreads,
-                   [&](int v, float l) { local += topk_dist.weight(v, l); });
-    float const total = block_sum(local, sh);
-    uint32_t const k = block_radix_threshold(
-        row, vocab,
-        [&](int v, float l, uint32_t& key, float& amount) {
-          key = float_order_key(l * inv_t);
-          amount = topk_dist.weight(v, l);
-          return key >= topk_dist.min_key;
-        },
-        top_p * total, sh);
-    dist.min_key = max(dist.min_key, k);
-  }
-  return kSampleOk;
 }
 
 // Sum over the row of weight(v, logit) (every thread gets it).
@@ -387,11 +308,11 @@ __device__ inline float chunk_mass(SampleChunkPartial const& part, TargetDist co
   return part.mass > 0.0f ? part.mass * sample_exp(chunk_max_z - dist.max_z) : 0.0f;
 }
 
-// The TargetDist and mass S of a row sampled greedily or with temperature alone, from its chunk
-// partials, computed by one warp (every lane gets the same values); returns its SampleError.
+// The TargetDist and mass S of a row from its chunk partials and its threshold key (0 without
+// top-k / top-p), computed by one warp (every lane gets the same values); returns its SampleError.
 __device__ inline int32_t warp_dist_from_partials(SampleChunkPartial const* parts, int chunks,
-                                                  float temperature, TargetDist& dist,
-                                                  float& total) {
+                                                  float temperature, uint32_t min_key,
+                                                  TargetDist& dist, float& total) {
   int const lane = threadIdx.x & 31;
   dist = TargetDist{};
   total = 0.0f;
@@ -408,6 +329,7 @@ __device__ inline int32_t warp_dist_from_partials(SampleChunkPartial const* part
   dist.inv_t = 1.0f / temperature;
   dist.max_z = max_logit * dist.inv_t;
   if (!isfinite(dist.max_z)) return kSampleBadLogits;
+  dist.min_key = min_key;
   float local = 0.0f;
   for (int c = lane; c < chunks; c += 32) local += chunk_mass(parts[c], dist);
   total = warp_sum(local);
@@ -504,16 +426,12 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
 
 }  // namespace sample_detail
 
-// Whether a request's rows take the chunked path (greedy, or temperature alone).
-SPECDEC_HD inline bool sample_row_is_chunked(SamplingConfig const& config, int b, int vocab) {
-  return !sample_uses_top_k(config.top_k_of(b), vocab) && !sample_uses_top_p(config.top_p_of(b));
-}
-
 // Threads per chunk block: 16 logits each, held in registers between the max and the mass.
 constexpr int kChunkThreads = kSampleChunk / 16;
 
 // Block i of rows * chunks: row i / chunks (request row / rows_per_request), chunk i % chunks.
-// Rows of requests that take the one-block path, or with invalid settings, are left unwritten.
+// Rows of requests with top-k / top-p (sample_row_thresholds_kernel's) or with invalid settings
+// are left unwritten.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     sample_chunk_partials_kernel(float const* logits, int vocab, int rows_per_request,
@@ -524,7 +442,7 @@ __global__ void __launch_bounds__(kThreads)
   int const chunk = static_cast<int>(blockIdx.x % chunks);
   int const b = static_cast<int>(row / rows_per_request);
   float const temperature = config.temperature_of(b);
-  if (!sample_row_is_chunked(config, b, vocab) ||
+  if (sample_row_needs_threshold(config, b, vocab) ||
       sample_config_error(temperature, config.top_p_of(b)) != kSampleOk) {
     return;
   }
@@ -599,55 +517,396 @@ inline Status launch_sample_chunk_partials(float const* logits, int64_t rows, in
 
 namespace sample_detail {
 
-// The TargetDist and mass S of row `row` of request b: from its chunk partials (warp 0) where the
-// request takes the chunked path, else by the one-block passes over the row. Every thread gets
-// the same values.
-__device__ inline int32_t block_row_dist(float const* row, int vocab, SampleChunkPartial const* parts,
-                                         SamplingConfig const& config, int b, TargetDist& dist,
-                                         float& total, SampleShared& sh) {
-  float const temperature = config.temperature_of(b);
-  if (sample_row_is_chunked(config, b, vocab)) {
-    int32_t const error = sample_config_error(temperature, config.top_p_of(b));
-    if (error != kSampleOk) return error;
-    __syncthreads();  // every thread has read the shared row values of earlier calls
-    if (threadIdx.x < 32) {
-      TargetDist d;
-      float mass;
-      int32_t const e = warp_dist_from_partials(parts, sample_chunks(vocab), temperature, d, mass);
-      if (threadIdx.x == 0) {
-        sh.row_greedy = d.greedy_token;
-        sh.row_inv_t = d.inv_t;
-        sh.row_max_z = d.max_z;
-        sh.row_mass = mass;
-        sh.row_error = e;
-      }
-    }
-    __syncthreads();
-    dist = TargetDist{};
-    dist.greedy_token = sh.row_greedy;
-    dist.inv_t = sh.row_inv_t;
-    dist.max_z = sh.row_max_z;
-    total = sh.row_mass;
-    return sh.row_error;
-  }
-  int32_t const error = block_target_dist(row, vocab, temperature, config.top_k_of(b),
-                                          config.top_p_of(b), dist, sh);
-  total = 0.0f;
-  if (error == kSampleOk) {
-    total = block_weight_sum(row, vocab, [&](int v, float l) { return dist.weight(v, l); }, sh);
-  }
-  return error;
+// `slot` of block `rank` of the row's cluster (this block's own when the row has one block).
+template <class T>
+__device__ inline T* cluster_slot(T* slot, int rank, int blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (blocks > 1) return cooperative_groups::this_cluster().map_shared_rank(slot, rank);
+#endif
+  return slot;
 }
 
-// Inverse-CDF draw from dist's weights with the `excluded` tokens removed: chunked where the row
-// took the chunked path, else block passes; -1 when no weight is left.
+// A barrier over the row's blocks: the cluster, or the block alone.
+__device__ inline void row_sync(int blocks) {
+  if (blocks > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();  // the launcher splits rows over clusters only on sm_90 and later
+#endif
+  } else {
+    __syncthreads();
+  }
+}
+
+// `op` (max or sum) of every thread's `mine` over the row's blocks; every thread gets it. The
+// block's total goes through sh.published[slot], which is not written again before a later
+// row_sync.
+template <int kThreads, class Op>
+__device__ uint64_t row_reduce_u64(uint64_t mine, Op op, int slot, int blocks, SampleShared& sh) {
+  uint64_t const block_total = block_reduce_u64<kThreads>(mine, op, sh);
+  if (threadIdx.x == 0) sh.published[slot] = block_total;
+  row_sync(blocks);  // every block has published
+  if (threadIdx.x < 32) {
+    uint64_t v = static_cast<int>(threadIdx.x) < blocks
+                     ? *cluster_slot(&sh.published[slot], threadIdx.x, blocks)
+                     : 0;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (threadIdx.x == 0) sh.pick_above = v;
+  }
+  __syncthreads();
+  return sh.pick_above;
+}
+
+// The largest key K with units(key >= K) >= need over the row (the cluster's keys): four radix
+// passes of 8-bit digits from the top. units(key) < 2^32 is a key's amount (1 to count keys);
+// for_each_key_in(a, e, f) calls f(v, key) over [a, e) of the block's slice [lo, hi); `pass`
+// counts passes so the two published histograms alternate. Integer bins make every block pick the
+// same digits, and the chosen bin is never empty, so K is one of the row's keys. If `need`
+// exceeds the total, K = 0 (every key kept).
+template <class ForEachKeyIn, class Units>
+__device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int hi,
+                                     Units&& units, unsigned long long need, int blocks,
+                                     int& pass, SampleShared& sh) {
+  int const t = threadIdx.x, lane = t & 31;
+  bool const owns_bin = t < kSampleRadixBins;
+  uint32_t prefix = 0, mask = 0;
+  unsigned long long above = 0;  // units of keys above the prefix's range
+  for (int shift = 24; shift >= 0; shift -= 8, ++pass) {
+    unsigned long long block_bin = 0;  // thread t < 256: bin t over the block's slice
+    for (int seg = lo; seg < hi; seg += kSampleSegment) {
+      if (owns_bin) sh.segment_high[t] = 0, sh.segment_low[t] = 0;
+      __syncthreads();
+      // Runs of one digit go in with one atomic: the top digit (sign and exponent) is the same
+      // for many keys.
+      uint32_t run_bin = 0;
+      unsigned long long run = 0;
+      auto flush = [&] {
+        if (run >> 16) atomicAdd(&sh.segment_high[run_bin], static_cast<uint32_t>(run >> 16));
+        if (run & 0xffffu) atomicAdd(&sh.segment_low[run_bin], static_cast<uint32_t>(run & 0xffffu));
+      };
+      for_each_key_in(seg, min(hi, seg + kSampleSegment), [&](int, uint32_t key) {
+        if ((key & mask) != prefix) return;
+        uint32_t const bin = (key >> shift) & 0xffu;
+        if (bin != run_bin) {
+          flush();
+          run_bin = bin;
+          run = 0;
+        }
+        run += units(key);
+      });
+      flush();
+      __syncthreads();
+      if (owns_bin) block_bin += (static_cast<unsigned long long>(sh.segment_high[t]) << 16) + sh.segment_low[t];
+      __syncthreads();  // read before the next segment clears
+    }
+    // This buffer was last read remotely two passes ago, before the previous pass's row_sync.
+    unsigned long long* hist = sh.hist[pass & 1];
+    if (owns_bin) hist[t] = block_bin;
+    row_sync(blocks);  // every block's histogram is published
+    // Thread t < 256: bin t over the row, then the suffix sum of bins >= t.
+    unsigned long long bin = 0;
+    if (owns_bin) {
+#pragma unroll
+      for (int r = 0; r < kSampleMaxCluster; ++r) {
+        if (r < blocks) bin += *cluster_slot(hist + t, r, blocks);
+      }
+    }
+    unsigned long long suffix = bin;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      unsigned long long const x = __shfl_down_sync(0xffffffffu, suffix, o);
+      if (lane + o < 32) suffix += x;
+    }
+    if (owns_bin && lane == 0) sh.scratch64[t >> 5] = suffix;
+    __syncthreads();
+    if (owns_bin) {
+      for (int w = (t >> 5) + 1; w < kSampleRadixBins / 32; ++w) suffix += sh.scratch64[w];
+    }
+    // Suffix sums fall with t, so the digits that reach `need` are [0, chosen].
+    int const chosen = __syncthreads_count(owns_bin && above + suffix >= need) - 1;
+    if (chosen < 0) return 0;
+    if (t == chosen) sh.pick_above = above + suffix - bin;
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(chosen) << shift;
+    mask |= 0xffu << shift;
+    above = sh.pick_above;
+  }
+  return prefix;
+}
+
+}  // namespace sample_detail
+
+// How the threshold kernel splits a row: `blocks` blocks (one cluster when > 1) of
+// `chunks_per_block` whole chunks; `cached`: a block's keys stay in shared memory.
+struct SampleThresholdSplit {
+  int blocks = 1;
+  int chunks_per_block = 1;
+  bool cached = true;
+};
+inline SampleThresholdSplit sample_threshold_split(int vocab, int max_blocks) {
+  SampleThresholdSplit s;
+  int const chunks = sample_chunks(vocab);
+  s.chunks_per_block = ceil_div(chunks, max_blocks);
+  s.blocks = ceil_div(chunks, s.chunks_per_block);
+  s.cached = s.chunks_per_block <= kSampleCachedChunks;
+  return s;
+}
+
+// grid.x = rows * split.blocks: block i serves row i / split.blocks (request row /
+// rows_per_request), slice i % split.blocks. Dynamic shared memory: the slice's keys when
+// split.cached. Rows without top-k / top-p, greedy rows and rows with invalid settings are left
+// to sample_chunk_partials_kernel (or unwritten); sample_kernel reports invalid rows.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, 2)
+    sample_row_thresholds_kernel(float const* logits, int vocab, int rows_per_request,
+                                 SamplingConfig const config, SampleThresholdSplit const split,
+                                 SampleChunkPartial* partials, uint32_t* min_keys) {
+  static_assert(kThreads >= kSampleRadixBins && kThreads <= kSampleThreads && kThreads % 32 == 0,
+                "a thread per radix bin; the shared reductions hold kSampleWarps warps");
+  using namespace sample_detail;
+  extern __shared__ uint4 cached_keys[];  // the slice's keys, 4 per entry
+  __shared__ SampleShared sh;
+  int64_t const row = blockIdx.x / split.blocks;
+  int const rank = static_cast<int>(blockIdx.x % split.blocks);
+  int const b = static_cast<int>(row / rows_per_request);
+  float const temperature = config.temperature_of(b);
+  float const top_p = config.top_p_of(b);
+  int32_t const top_k = config.top_k_of(b);
+  // Uniform over the row's blocks, so a whole cluster leaves together.
+  if (!sample_row_needs_threshold(config, b, vocab) ||
+      sample_config_error(temperature, top_p) != kSampleOk) {
+    return;
+  }
+  int const chunks = sample_chunks(vocab);
+  int const c_lo = min(chunks, rank * split.chunks_per_block);
+  int const c_hi = min(chunks, c_lo + split.chunks_per_block);
+  int const lo = c_lo * kSampleChunk, hi = min(vocab, c_hi * kSampleChunk);
+  float const* x = logits + row * vocab;
+  SampleChunkPartial* parts = partials + row * chunks;
+  float const inv_t = 1.0f / temperature;
+  // f(v, key of z_v) for v in [a, e) of the slice (a - lo a multiple of 4): from shared memory,
+  // four keys per load, or re-read.
+  auto for_each_key_in = [&](int a, int e, auto&& f) {
+    if (split.cached) {
+      int const q_end = (e - lo + 3) >> 2;
+#pragma unroll 2
+      for (int q = ((a - lo) >> 2) + static_cast<int>(threadIdx.x); q < q_end; q += kThreads) {
+        uint4 const k4 = cached_keys[q];
+        int const v = lo + 4 * q;
+        f(v, k4.x);
+        if (v + 1 < e) f(v + 1, k4.y);
+        if (v + 2 < e) f(v + 2, k4.z);
+        if (v + 3 < e) f(v + 3, k4.w);
+      }
+    } else {
+      for_each_logit(x, a, e, threadIdx.x, kThreads,
+                     [&](int v, float l) { f(v, float_order_key(l * inv_t)); });
+    }
+  };
+
+  // 1. The slice read once (every load issued before any is used): its chunks' argmaxes, its keys
+  // into shared memory; then the row maximum.
+  uint64_t slice_best = 0;
+  if (split.cached) {
+    constexpr int kQuads = kSampleChunk / 4 / kThreads;  // float4 loads per thread per chunk
+    static_assert(kQuads * 4 * kThreads == kSampleChunk, "whole float4 loads per chunk");
+    bool const aligned = (reinterpret_cast<uintptr_t>(x + lo) & 15u) == 0;
+    float4 q[kSampleCachedChunks][kQuads];
+    SPECDEC_UNROLL
+    for (int i = 0; i < kSampleCachedChunks; ++i) {
+      SPECDEC_UNROLL
+      for (int k = 0; k < kQuads; ++k) {
+        int const v = lo + i * kSampleChunk + 4 * (static_cast<int>(threadIdx.x) + k * kThreads);
+        if (aligned && v + 3 < hi) {
+          q[i][k] = __ldg(reinterpret_cast<float4 const*>(x + v));
+        } else {
+          q[i][k].x = v < hi ? __ldg(x + v) : 0.0f;
+          q[i][k].y = v + 1 < hi ? __ldg(x + v + 1) : 0.0f;
+          q[i][k].z = v + 2 < hi ? __ldg(x + v + 2) : 0.0f;
+          q[i][k].w = v + 3 < hi ? __ldg(x + v + 3) : 0.0f;
+        }
+      }
+    }
+    SPECDEC_UNROLL
+    for (int i = 0; i < kSampleCachedChunks; ++i) {
+      uint64_t best = 0;
+      SPECDEC_UNROLL
+      for (int k = 0; k < kQuads; ++k) {
+        int const v = lo + i * kSampleChunk + 4 * (static_cast<int>(threadIdx.x) + k * kThreads);
+        float const l[4] = {q[i][k].x, q[i][k].y, q[i][k].z, q[i][k].w};
+        uint32_t key[4];
+        SPECDEC_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          key[j] = float_order_key(l[j] * inv_t);
+          if (v + j < hi) best = max(best, pack_value_index(l[j], v + j));
+        }
+        if (v < hi) cached_keys[(v - lo) >> 2] = make_uint4(key[0], key[1], key[2], key[3]);
+      }
+      if (c_lo + i < c_hi) {  // uniform
+        best = block_max_u64<kThreads>(best, sh);
+        slice_best = max(slice_best, best);
+        if (threadIdx.x == 0) parts[c_lo + i].argmax = best;
+      }
+    }
+  } else {
+    for (int c = c_lo; c < c_hi; ++c) {
+      uint64_t best = 0;
+      for_each_logit(x, c * kSampleChunk, min(vocab, (c + 1) * kSampleChunk), threadIdx.x,
+                     kThreads, [&](int v, float l) { best = max(best, pack_value_index(l, v)); });
+      best = block_max_u64<kThreads>(best, sh);
+      slice_best = max(slice_best, best);
+      if (threadIdx.x == 0) parts[c].argmax = best;
+    }
+  }
+  __syncthreads();  // the cached keys are complete
+  float const max_z = unpack_value(row_reduce_u64<kThreads>(slice_best, MaxU64{}, 0, split.blocks, sh)) * inv_t;
+  uint32_t min_key = 0;
+  if (isfinite(max_z)) {  // else sample_kernel reports kSampleBadLogits from the argmaxes
+    int pass = 0;
+    // 2. top-k: the k-th largest key.
+    if (sample_uses_top_k(top_k, vocab)) {
+      min_key = row_radix_select(for_each_key_in, lo, hi, [](uint32_t) { return 1ull; },
+                                 static_cast<unsigned long long>(top_k), split.blocks, pass, sh);
+    }
+    // 3. top-p over the kept tokens, in fixed-point weight units.
+    if (sample_uses_top_p(top_p)) {
+      uint32_t const top_k_key = min_key;
+      auto units = [&](uint32_t key) -> unsigned long long {
+        if (key < top_k_key) return 0ull;
+        float const w = sample_exp(float_from_order_key(key) - max_z);
+        return min(__float2ull_rn(w * kSampleUnitScale), kSampleMaxUnits);
+      };
+      unsigned long long mine = 0;
+      for_each_key_in(lo, hi, [&](int, uint32_t key) { mine += units(key); });
+      unsigned long long const total = row_reduce_u64<kThreads>(mine, SumU64{}, 1, split.blocks, sh);
+      auto const need = static_cast<unsigned long long>(
+          ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+      min_key = max(min_key, row_radix_select(for_each_key_in, lo, hi, units, need, split.blocks,
+                                              pass, sh));
+    }
+    // 4. Each chunk's kept mass about its own maximum.
+    for (int c = c_lo; c < c_hi; ++c) {
+      float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
+      float mass = 0.0f;
+      if (chunk_max_z > -INFINITY) {
+        for_each_key_in(c * kSampleChunk, min(vocab, (c + 1) * kSampleChunk), [&](int, uint32_t key) {
+          if (key >= min_key) mass += sample_exp(float_from_order_key(key) - chunk_max_z);
+        });
+      }
+      mass = block_sum<kThreads>(mass, sh);
+      if (threadIdx.x == 0) parts[c].mass = mass;
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) min_keys[row] = min_key;
+  row_sync(split.blocks);  // no block leaves while another still reads its shared memory
+}
+
+// Launches sample_row_thresholds_kernel over `rows` rows, at most `max_blocks` blocks per row
+// (0: kSampleMaxCluster where the device has clusters, else 1); nothing when the config has
+// neither top-k nor top-p arrays.
+inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, int vocab,
+                                           int rows_per_request, SamplingConfig const& config,
+                                           void* workspace, cudaStream_t stream,
+                                           int max_blocks = 0) {
+  if (config.top_k == nullptr && config.top_p == nullptr) return Status::Ok();  // no row needs it
+  if (max_blocks <= 0) {
+    bool clusters = false;
+    SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
+    max_blocks = clusters ? kSampleMaxCluster : 1;
+  }
+  if (max_blocks > kSampleMaxCluster) {
+    return Status::InvalidArgument("sample: " + std::to_string(max_blocks) +
+                                   " blocks per row exceed the largest cluster, " +
+                                   std::to_string(kSampleMaxCluster));
+  }
+  SampleThresholdSplit const split = sample_threshold_split(vocab, max_blocks);
+  int64_t const blocks = rows * split.blocks;
+  if (blocks > 0x7fffffff) {
+    return Status::InvalidArgument("sample: " + std::to_string(rows) + " rows of vocab " +
+                                   std::to_string(vocab) + " exceed one launch's blocks");
+  }
+  auto const kernel = sample_row_thresholds_kernel<kSampleThresholdThreads>;
+  constexpr size_t kMaxSmem = size_t{kSampleCachedChunks} * kSampleChunk * sizeof(uint32_t);
+  size_t const smem =
+      split.cached ? static_cast<size_t>(split.chunks_per_block) * kSampleChunk * sizeof(uint32_t) : 0;
+  static_assert(kSampleChunk % 4 == 0, "the cached keys are stored four at a time");
+  // Function attributes (no stream work): shared memory above 48 KB (always the most any launch
+  // takes, so a graph captured earlier stays launchable), and clusters beyond 8.
+  SPECDEC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kMaxSmem)));
+  if (split.blocks > 8) {
+    SPECDEC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  cudaLaunchConfig_t launch = {};
+  launch.gridDim = dim3(static_cast<unsigned>(blocks));
+  launch.blockDim = dim3(kSampleThresholdThreads);
+  launch.dynamicSmemBytes = smem;
+  launch.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(split.blocks);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  launch.attrs = attribute;
+  launch.numAttrs = split.blocks > 1 ? 1 : 0;
+  SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&launch, kernel, logits, vocab, rows_per_request, config,
+                                      split, static_cast<SampleChunkPartial*>(workspace),
+                                      sample_min_keys(workspace, rows, vocab)));
+  return Status::Ok();
+}
+
+
+namespace sample_detail {
+
+// The threshold key of row `row` of request b (0 for rows without top-k / top-p).
+__device__ inline uint32_t row_min_key(SamplingConfig const& config, int b, int vocab,
+                                       uint32_t const* min_keys, int64_t row) {
+  return sample_row_needs_threshold(config, b, vocab) ? min_keys[row] : 0u;
+}
+
+// The TargetDist and mass S of a row of request b from its chunk partials and threshold key
+// (warp 0; every thread gets the same values); returns its SampleError.
+__device__ inline int32_t block_row_dist(SampleChunkPartial const* parts, int vocab,
+                                         SamplingConfig const& config, int b, uint32_t min_key,
+                                         TargetDist& dist, float& total, SampleShared& sh) {
+  float const temperature = config.temperature_of(b);
+  int32_t const error = sample_config_error(temperature, config.top_p_of(b));
+  if (error != kSampleOk) return error;
+  __syncthreads();  // every thread has read the shared row values of earlier calls
+  if (threadIdx.x < 32) {
+    TargetDist d;
+    float mass;
+    int32_t const e =
+        warp_dist_from_partials(parts, sample_chunks(vocab), temperature, min_key, d, mass);
+    if (threadIdx.x == 0) {
+      sh.row_greedy = d.greedy_token;
+      sh.row_inv_t = d.inv_t;
+      sh.row_max_z = d.max_z;
+      sh.row_min_key = d.min_key;
+      sh.row_mass = mass;
+      sh.row_error = e;
+    }
+  }
+  __syncthreads();
+  dist = TargetDist{};
+  dist.greedy_token = sh.row_greedy;
+  dist.inv_t = sh.row_inv_t;
+  dist.max_z = sh.row_max_z;
+  dist.min_key = sh.row_min_key;
+  total = sh.row_mass;
+  return sh.row_error;
+}
+
+// Inverse-CDF draw from dist's weights with the `excluded` tokens removed: chunked, falling back
+// to block passes over the row where rounding leaves the chosen chunk empty; -1 when no weight
+// is left.
 __device__ inline int32_t block_row_sample(float const* row, int vocab, SampleChunkPartial const* parts,
-                                           bool chunked, TargetDist const& dist,
-                                           int32_t const* excluded, int n_excluded, float u,
-                                           SampleShared& sh) {
+                                           TargetDist const& dist, int32_t const* excluded,
+                                           int n_excluded, float u, SampleShared& sh) {
   auto w = [&](int v, float l) { return dist.weight(v, l); };
-  int32_t token = -1;
-  if (chunked) token = block_sample_chunked(row, vocab, parts, dist, excluded, n_excluded, u, sh);
+  int32_t token = block_sample_chunked(row, vocab, parts, dist, excluded, n_excluded, u, sh);
   if (token < 0) token = block_sample(row, vocab, w, excluded, n_excluded, u, sh);
   return token;
 }
@@ -664,18 +923,17 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ S
   float const* row = p.logits + static_cast<int64_t>(b) * p.vocab;
   SampleChunkPartial const* parts =
       static_cast<SampleChunkPartial const*>(p.workspace) + static_cast<int64_t>(b) * sample_chunks(p.vocab);
-  bool const chunked = sample_row_is_chunked(p.config, b, p.vocab);
+  uint32_t const min_key = sample_detail::row_min_key(
+      p.config, b, p.vocab, sample_min_keys(p.workspace, p.batch, p.vocab), b);
   TargetDist dist;
   float total = 0.0f;
-  int32_t const error = chunked
-      ? sample_detail::block_row_dist(row, p.vocab, parts, p.config, b, dist, total, sh)
-      : sample_detail::block_target_dist(row, p.vocab, p.config.temperature_of(b),
-                                         p.config.top_k_of(b), p.config.top_p_of(b), dist, sh);
+  int32_t const error =
+      sample_detail::block_row_dist(parts, p.vocab, p.config, b, min_key, dist, total, sh);
   int32_t token = -1;
   if (error == kSampleOk) {
     token = dist.greedy_token >= 0
                 ? dist.greedy_token
-                : sample_detail::block_row_sample(row, p.vocab, parts, chunked, dist, nullptr, 0,
+                : sample_detail::block_row_sample(row, p.vocab, parts, dist, nullptr, 0,
                                                   p.keys.uniform(b, 0, 0), sh);
   }
   if (threadIdx.x == 0) {
@@ -686,6 +944,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ S
 
 inline Status sample_cuda(SampleParams const& p, cudaStream_t stream) {
   SPECDEC_RETURN_IF_ERROR(launch_sample_chunk_partials(p.logits, p.batch, p.vocab, 1, p.config,
+                                                       p.workspace, stream));
+  SPECDEC_RETURN_IF_ERROR(launch_sample_row_thresholds(p.logits, p.batch, p.vocab, 1, p.config,
                                                        p.workspace, stream));
   sample_kernel<kSampleThreads><<<p.batch, kSampleThreads, 0, stream>>>(p);
   return cuda_launch_status("sample_kernel");

@@ -98,11 +98,14 @@ struct SampleParams {
   size_t workspace_bytes = 0;     //   (no initial contents needed)
 };
 
-// ---- The CUDA path's workspace: chunk partials of each logit row ----
+// ---- The CUDA path's workspace: chunk partials and threshold keys of each logit row ----
 // The kernels cut every row into chunks of kSampleChunk logits that separate blocks reduce at
 // once (one multiprocessor streaming a whole 640 KB row would bound batch-1 latency). Each chunk
-// leaves its packed argmax (pack_value_index of the logit) and, for rows sampled without top-k /
-// top-p, its mass sum_v exp(z_v - m_c) about its own maximum m_c = logit max * (1 / T).
+// leaves its packed argmax (pack_value_index of the logit) and, for rows sampled with a
+// temperature, its mass sum_v w_v exp(max_z - m_c) about its own maximum m_c = logit max * (1 / T)
+// (w: the row's weights, zero below the top-k / top-p threshold). Rows with top-k or top-p also
+// leave their threshold key (TargetDist::min_key).
+// Layout: partials [rows, ceil(V / kSampleChunk)] SampleChunkPartial, then min_keys [rows] uint32.
 constexpr int kSampleChunk = 4096;
 struct SampleChunkPartial {
   uint64_t argmax = 0;
@@ -112,8 +115,13 @@ struct SampleChunkPartial {
 SPECDEC_HD inline int sample_chunks(int vocab) { return ceil_div(vocab, kSampleChunk); }
 // Bytes of workspace for `rows` logit rows of `vocab` (sample: rows = B; verify_sample: B * N).
 inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
-  return static_cast<size_t>(rows) * static_cast<size_t>(sample_chunks(vocab)) *
-         sizeof(SampleChunkPartial);
+  return static_cast<size_t>(rows) *
+         (static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) + sizeof(uint32_t));
+}
+// The workspace's min_keys [rows] array.
+SPECDEC_HD inline uint32_t* sample_min_keys(void* workspace, int64_t rows, int vocab) {
+  return reinterpret_cast<uint32_t*>(static_cast<SampleChunkPartial*>(workspace) +
+                                     rows * sample_chunks(vocab));
 }
 inline Status validate_sample_workspace(void const* workspace, size_t bytes, int64_t rows,
                                         int vocab, char const* op, char const* how) {
@@ -172,6 +180,13 @@ SPECDEC_HD inline bool sample_uses_top_k(int32_t top_k, int vocab) {
   return top_k > 0 && top_k < vocab;
 }
 SPECDEC_HD inline bool sample_uses_top_p(float top_p) { return top_p < 1.0f; }
+
+// Whether request b's rows need the threshold kernel: sampled (not greedy) with top-k or top-p.
+// Greedy rows ignore top-k / top-p; the others take the chunk partials alone.
+SPECDEC_HD inline bool sample_row_needs_threshold(SamplingConfig const& config, int b, int vocab) {
+  return !sample_is_greedy(config.temperature_of(b)) &&
+         (sample_uses_top_k(config.top_k_of(b), vocab) || sample_uses_top_p(config.top_p_of(b)));
+}
 
 // The acceptance test of the deterministic-draft (target-only) rule, without division:
 // accept iff u < w_x / (S - R)  <=>  u * (S - R) < w_x, with R the rejected siblings' weight.

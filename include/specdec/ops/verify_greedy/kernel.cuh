@@ -212,10 +212,9 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
     d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
     return cuda_launch_status("verify_greedy_accept_kernel");
   }
-  int device = 0, major = 0;
-  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
-  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  int const split = d::argmax_split(rows, p.vocab, major >= 9);
+  bool clusters = false;
+  SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
+  int const split = d::argmax_split(rows, p.vocab, clusters);
   if (split > 8) {
     // A function attribute (no stream work), set before each launch that needs it: cheap, and
     // right on whichever device is current.

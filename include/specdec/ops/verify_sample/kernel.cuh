@@ -1,17 +1,17 @@
-// verify_sample CUDA kernels. First sample_chunk_partials_kernel (sample/kernel.cuh) reduces
-// every logit row [B, N] in chunks across the whole GPU (rows of requests with top-k / top-p are
-// skipped). Then one block of kSampleThreads per request:
+// verify_sample CUDA kernels. First sample_chunk_partials_kernel and
+// sample_row_thresholds_kernel (sample/kernel.cuh) reduce every logit row [B, N] across the whole
+// GPU into chunk partials and, for requests with top-k / top-p, the row's threshold key. Then one
+// block of kSampleThreads per request:
 //   1. stages the request's tree (tokens, first_child, next_sibling) in shared memory;
 //   2. in parallel: one warp per row turns its chunk partials into the row's TargetDist and mass,
 //      and one thread per node loads the logit of each child's token in the node's row;
 //   3. walks the tree of verify_sample/params.hpp from shared memory: O(1) per child (plus, for
-//      sampled drafts, one residual-mass pass per rejected child, and for top-k / top-p requests
-//      block passes over each visited row), then one inverse-CDF draw (chunked: one chunk
-//      scanned).
+//      sampled drafts, one residual-mass pass per rejected child), then one inverse-CDF draw
+//      (one chunk scanned).
 // Every thread takes the same decisions (shared values and block reductions hand every thread the
 // same values). Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs [B, N, V] or
 // nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B], workspace
-// [B, N, ceil(V / kSampleChunk)] SampleChunkPartial (device memory).
+// (sample_workspace_bytes of B * N rows, device memory).
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
@@ -31,7 +31,7 @@ namespace verify_sample_detail {
 struct NodeArrays {
   uint64_t* child_logit;  // (parent << 32) | bits of the child's token logit in the parent's row;
                           // parent 0xffffffff: not loaded (out-of-vocabulary token or bad link)
-  TargetDist* row_dist;   // chunked requests: each row's distribution, its mass and its error
+  TargetDist* row_dist;   // each row's distribution, its mass and its error
   float* row_mass;
   int32_t* row_error;
   int32_t* token;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t const count = p.tree.count(b);
   float const temperature = p.config.temperature_of(b);
   SampleChunkPartial const* partials = static_cast<SampleChunkPartial const*>(p.workspace);
-  bool const chunked = sample_row_is_chunked(p.config, b, V);
+  uint32_t const* min_keys = sample_min_keys(p.workspace, static_cast<int64_t>(p.tree.batch) * N, V);
   int32_t status = p.links.tree_status[b] != kTreeOk ? kSampleBadTree : kSampleOk;
   if (count < 1 || count > N) status = kSampleBadTree;
   if (status == kSampleOk) status = sample_config_error(temperature, p.config.top_p_of(b));
@@ -96,17 +96,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     // 2. Row distributions (one warp per row) and the children's logits (one thread per node).
-    if (chunked) {
-      for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
-        TargetDist d;
-        float mass;
-        int32_t const e = sample_detail::warp_dist_from_partials(partials + (row0 + n) * chunks,
-                                                                 chunks, temperature, d, mass);
-        if ((threadIdx.x & 31) == 0) {
-          a.row_dist[n] = d;
-          a.row_mass[n] = mass;
-          a.row_error[n] = e;
-        }
+    for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
+      TargetDist d;
+      float mass;
+      uint32_t const min_key = sample_detail::row_min_key(p.config, b, V, min_keys, row0 + n);
+      int32_t const e = sample_detail::warp_dist_from_partials(partials + (row0 + n) * chunks,
+                                                               chunks, temperature, min_key, d, mass);
+      if ((threadIdx.x & 31) == 0) {
+        a.row_dist[n] = d;
+        a.row_mass[n] = mass;
+        a.row_error[n] = e;
       }
     }
     for (int n = threadIdx.x; n < count; n += kThreads) {
@@ -175,8 +174,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float const* row = row_of(node);
     auto w = [&](int v, float l) { return dist.weight(v, l); };
     float const u = uniform(node, 1);
-    int32_t token = sample_detail::block_row_sample(row, V, parts_of(node), chunked, dist,
-                                                    rejected, n_rejected, u, sh);
+    int32_t token = sample_detail::block_row_sample(row, V, parts_of(node), dist, rejected,
+                                                    n_rejected, u, sh);
     if (token < 0) {  // rounding only: stay inside the residual's support
       token = sample_detail::block_argmax_weight(row, V, w, rejected, n_rejected, sh);
     }
@@ -184,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return token;
   };
   bool walked = false;
-  if (status == kSampleOk && chunked && p.draft_probs == nullptr) {
+  if (status == kSampleOk && p.draft_probs == nullptr) {
     // Every row's distribution is in shared memory: warp 0 walks alone (32 times fewer issued
     // instructions than the whole block taking the same decisions), then the block draws.
     __shared__ int32_t walk[4];  // status, len, node where the walk stopped, its rejected count
@@ -207,16 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   while (!walked && status == kSampleOk) {
     float const* row = row_of(n);
-    SampleChunkPartial const* parts = parts_of(n);
-    TargetDist dist;
-    float total = 0.0f;
-    if (chunked) {
-      dist = a.row_dist[n];
-      total = a.row_mass[n];
-      status = a.row_error[n];
-    } else {
-      status = sample_detail::block_row_dist(row, V, parts, p.config, b, dist, total, sh);
-    }
+    TargetDist const dist = a.row_dist[n];
+    float const total = a.row_mass[n];
+    status = a.row_error[n];
     if (status != kSampleOk) break;
     int32_t accepted = -1;
     if (p.draft_probs == nullptr) {
@@ -274,6 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t stream) {
   SPECDEC_RETURN_IF_ERROR(launch_sample_chunk_partials(
+      p.logits, static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab, p.tree.nodes, p.config,
+      p.workspace, stream));
+  SPECDEC_RETURN_IF_ERROR(launch_sample_row_thresholds(
       p.logits, static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab, p.tree.nodes, p.config,
       p.workspace, stream));
   size_t const node_bytes = verify_sample_detail::NodeArrays::kBytesPerNode * p.tree.nodes;
