@@ -268,7 +268,7 @@ if wants ops && [ -n "${SPECDEC_SASS:-}" ]; then
 fi
 if wants ops && [ -n "${SPECDEC_NCU:-}" ]; then
   ncu_bench=${SPECDEC_NCU%%::*} ncu_kernel=${SPECDEC_NCU##*::}
-  timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" --launch-count 3 \
+  timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" --launch-count 1 \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
     --section SchedulerStats $build/benchmarks/specdec_bench_ops \
     --benchmark_filter="$ncu_bench" > "$logs/ncu.txt" 2>&1 || echo "ncu: exit $?" >> "$summary"

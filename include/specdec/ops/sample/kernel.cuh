@@ -10,8 +10,9 @@
 //      (up to 16 blocks on sm_90, one block elsewhere), each block a slice of whole chunks read
 //      once from memory and kept in shared memory as keys of z = l / T. Inside the cluster
 //      (distributed shared memory): the row maximum; top-k as 4 radix-select passes of 8-bit
-//      digits counting keys; top-p as the kept mass and 4 radix-select passes summing weights
-//      in fixed point; then every chunk's argmax and kept mass, and the row's threshold key;
+//      digits counting keys; top-p as 4 radix-select passes summing weights in fixed point (the
+//      first pass's bins also give the kept mass); then every chunk's kept mass about its
+//      maximum, and the row's threshold key;
 //   3. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
 //      argmax), picks the chunk holding u * mass and scans that chunk alone.
 // No host synchronisation, allocation or host read of device data: graph-capturable.
@@ -64,7 +65,7 @@ struct SampleShared {
   unsigned long long hist[2][kSampleRadixBins];  // the threshold kernel's, by pass parity
   uint32_t segment_high[kSampleRadixBins];       // a segment's bins: units >> 16 ...
   uint32_t segment_low[kSampleRadixBins];        // ... and units & 0xffff
-  uint64_t published[2];  // a block's value that the rest of its cluster reads
+  uint64_t published;  // a block's value that the rest of its cluster reads
   uint64_t scratch64[kSampleWarps];
   float part[kSampleWarps];
   float pick_target;
@@ -93,7 +94,8 @@ __device__ inline float block_sum(float v, SampleShared& sh) {
   return total;
 }
 
-// `op` (a max or a sum: any order gives the same result) of a uint64 over the block.
+// `op` (associative and commutative, e.g. a max: any order gives the same result) of a uint64
+// over the block.
 template <int kThreads = kSampleThreads, class Op>
 __device__ inline uint64_t block_reduce_u64(uint64_t v, Op op, SampleShared& sh) {
 #pragma unroll
@@ -108,9 +110,6 @@ __device__ inline uint64_t block_reduce_u64(uint64_t v, Op op, SampleShared& sh)
 
 struct MaxU64 {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
-};
-struct SumU64 {
-  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
 };
 
 template <int kThreads = kSampleThreads>
@@ -539,40 +538,40 @@ __device__ inline void row_sync(int blocks) {
   }
 }
 
-// `op` (max or sum) of every thread's `mine` over the row's blocks; every thread gets it. The
-// block's total goes through sh.published[slot], which is not written again before a later
-// row_sync.
-template <int kThreads, class Op>
-__device__ uint64_t row_reduce_u64(uint64_t mine, Op op, int slot, int blocks, SampleShared& sh) {
-  uint64_t const block_total = block_reduce_u64<kThreads>(mine, op, sh);
-  if (threadIdx.x == 0) sh.published[slot] = block_total;
+// The max of every thread's `mine` over the row's blocks (called once per kernel); every thread
+// gets it. The block's max goes through sh.published.
+template <int kThreads>
+__device__ uint64_t row_max_u64(uint64_t mine, int blocks, SampleShared& sh) {
+  uint64_t const block_max = block_max_u64<kThreads>(mine, sh);
+  if (threadIdx.x == 0) sh.published = block_max;
   row_sync(blocks);  // every block has published
   if (threadIdx.x < 32) {
     uint64_t v = static_cast<int>(threadIdx.x) < blocks
-                     ? *cluster_slot(&sh.published[slot], threadIdx.x, blocks)
+                     ? *cluster_slot(&sh.published, threadIdx.x, blocks)
                      : 0;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = warp_max_u64(v);
     if (threadIdx.x == 0) sh.pick_above = v;
   }
   __syncthreads();
   return sh.pick_above;
 }
 
-// The largest key K with units(key >= K) >= need over the row (the cluster's keys): four radix
-// passes of 8-bit digits from the top. units(key) < 2^32 is a key's amount (1 to count keys);
+// The largest key K with units(key >= K) >= need_of(total) over the row (the cluster's keys; total:
+// the row's units, which the first pass's bins add up to): four radix passes of 8-bit digits
+// from the top. units(key) < 2^32 is a key's amount (1 to count keys);
 // for_each_key_in(a, e, f) calls f(v, key) over [a, e) of the block's slice [lo, hi); `pass`
 // counts passes so the two published histograms alternate. Integer bins make every block pick the
-// same digits, and the chosen bin is never empty, so K is one of the row's keys. If `need`
+// same digits, and the chosen bin is never empty, so K is one of the row's keys. If the need
 // exceeds the total, K = 0 (every key kept).
-template <class ForEachKeyIn, class Units>
+template <class ForEachKeyIn, class Units, class NeedOf>
 __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int hi,
-                                     Units&& units, unsigned long long need, int blocks,
-                                     int& pass, SampleShared& sh) {
+                                     Units&& units, NeedOf&& need_of, int blocks, int& pass,
+                                     SampleShared& sh) {
   int const t = threadIdx.x, lane = t & 31;
   bool const owns_bin = t < kSampleRadixBins;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;  // units of keys above the prefix's range
+  unsigned long long need = 0;
   for (int shift = 24; shift >= 0; shift -= 8, ++pass) {
     unsigned long long block_bin = 0;  // thread t < 256: bin t over the block's slice
     for (int seg = lo; seg < hi; seg += kSampleSegment) {
@@ -623,6 +622,11 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
     __syncthreads();
     if (owns_bin) {
       for (int w = (t >> 5) + 1; w < kSampleRadixBins / 32; ++w) suffix += sh.scratch64[w];
+    }
+    if (shift == 24) {  // the first pass sees every key: bin 0's suffix is the row's total
+      if (t == 0) sh.pick_above = suffix;
+      __syncthreads();
+      need = need_of(sh.pick_above);
     }
     // Suffix sums fall with t, so the digits that reach `need` are [0, chosen].
     int const chosen = __syncthreads_count(owns_bin && above + suffix >= need) - 1;
@@ -761,14 +765,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();  // the cached keys are complete
-  float const max_z = unpack_value(row_reduce_u64<kThreads>(slice_best, MaxU64{}, 0, split.blocks, sh)) * inv_t;
+  float const max_z = unpack_value(row_max_u64<kThreads>(slice_best, split.blocks, sh)) * inv_t;
   uint32_t min_key = 0;
   if (isfinite(max_z)) {  // else sample_kernel reports kSampleBadLogits from the argmaxes
     int pass = 0;
     // 2. top-k: the k-th largest key.
     if (sample_uses_top_k(top_k, vocab)) {
-      min_key = row_radix_select(for_each_key_in, lo, hi, [](uint32_t) { return 1ull; },
-                                 static_cast<unsigned long long>(top_k), split.blocks, pass, sh);
+      min_key = row_radix_select(
+          for_each_key_in, lo, hi, [](uint32_t) { return 1ull; },
+          [&](unsigned long long) { return static_cast<unsigned long long>(top_k); }, split.blocks,
+          pass, sh);
     }
     // 3. top-p over the kept tokens, in fixed-point weight units.
     if (sample_uses_top_p(top_p)) {
@@ -778,13 +784,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         float const w = sample_exp(float_from_order_key(key) - max_z);
         return min(__float2ull_rn(w * kSampleUnitScale), kSampleMaxUnits);
       };
-      unsigned long long mine = 0;
-      for_each_key_in(lo, hi, [&](int, uint32_t key) { mine += units(key); });
-      unsigned long long const total = row_reduce_u64<kThreads>(mine, SumU64{}, 1, split.blocks, sh);
-      auto const need = static_cast<unsigned long long>(
-          ceil(static_cast<double>(top_p) * static_cast<double>(total)));
-      min_key = max(min_key, row_radix_select(for_each_key_in, lo, hi, units, need, split.blocks,
-                                              pass, sh));
+      auto need_of = [&](unsigned long long total) {
+        return static_cast<unsigned long long>(
+            ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+      };
+      min_key = max(min_key, row_radix_select(for_each_key_in, lo, hi, units, need_of,
+                                              split.blocks, pass, sh));
     }
     // 4. Each chunk's kept mass about its own maximum.
     for (int c = c_lo; c < c_hi; ++c) {
