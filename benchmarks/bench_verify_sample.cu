@@ -1,6 +1,7 @@
 // verify_sample: batch {1, 8, 64} x nodes {4, 16, 64} x V {32000, 163840}, deterministic and
-// sampled drafts, temperature 1 (filtered 1: with top-k 50 and top-p 0.9). Trees are chains (top-k 1) whose drafts are the target argmax,
-// so every node is accepted: the worst case (one row visited per depth). bytes_per_launch = the
+// sampled drafts, temperature 1 (filtered 1: with top-k 50 and top-p 0.9). Trees are chains
+// (top-k 1) whose drafts are the target argmax, so every node is accepted: the worst case (one
+// row visited per depth). bytes_per_launch = the
 // logit (and draft) rows the walk must read: B * N * V * 4 (x2 sampled) -- the fewest bytes when
 // every node is accepted. Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840); the largest
 // cases exceed L2 by themselves.

@@ -1,6 +1,7 @@
 // sample CUDA kernels and the block-level sampling agents verify_sample reuses.
 // Shapes: logits [B, V] float, config arrays [B], keys [B], tokens [B] int32, status [B] int32,
-// workspace [B, ceil(V / kSampleChunk)] SampleChunkPartial (device memory).
+// workspace of sample_workspace_bytes(B, V): chunk partials [B, ceil(V / kSampleChunk)] and
+// threshold keys [B] (device memory).
 // Three launches, each leaving the rows of the others alone:
 //   1. sample_chunk_partials_kernel (rows sampled greedily or with temperature alone, the common
 //      case): one block of kChunkThreads per (row, chunk of kSampleChunk logits) reads its chunk
@@ -94,27 +95,15 @@ __device__ inline float block_sum(float v, SampleShared& sh) {
   return total;
 }
 
-// `op` (associative and commutative, e.g. a max: any order gives the same result) of a uint64
-// over the block.
-template <int kThreads = kSampleThreads, class Op>
-__device__ inline uint64_t block_reduce_u64(uint64_t v, Op op, SampleShared& sh) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+template <int kThreads = kSampleThreads>
+__device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
+  v = warp_max_u64(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.scratch64[threadIdx.x >> 5] = v;
   __syncthreads();
-  uint64_t result = sh.scratch64[0];
-  for (int w = 1; w < kThreads / 32; ++w) result = op(result, sh.scratch64[w]);
-  return result;
-}
-
-struct MaxU64 {
-  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
-};
-
-template <int kThreads = kSampleThreads>
-__device__ inline uint64_t block_max_u64(uint64_t v, SampleShared& sh) {
-  return block_reduce_u64<kThreads>(v, MaxU64{}, sh);
+  uint64_t best = 0;
+  for (int w = 0; w < kThreads / 32; ++w) best = sh.scratch64[w] > best ? sh.scratch64[w] : best;
+  return best;
 }
 
 // Calls f(v, logit) for v in [lo, hi) of `row`, lanes of `group` threads (rank `rank`) striding.
@@ -556,9 +545,9 @@ __device__ uint64_t row_max_u64(uint64_t mine, int blocks, SampleShared& sh) {
   return sh.pick_above;
 }
 
-// The largest key K with units(key >= K) >= need_of(total) over the row (the cluster's keys; total:
-// the row's units, which the first pass's bins add up to): four radix passes of 8-bit digits
-// from the top. units(key) < 2^32 is a key's amount (1 to count keys);
+// The largest key K with units(key >= K) >= need_of(total) over the row (the cluster's keys;
+// total: the row's units, which the first pass's bins add up to): four radix passes of 8-bit
+// digits from the top. units(key) < 2^32 is a key's amount (1 to count keys);
 // for_each_key_in(a, e, f) calls f(v, key) over [a, e) of the block's slice [lo, hi); `pass`
 // counts passes so the two published histograms alternate. Integer bins make every block pick the
 // same digits, and the chosen bin is never empty, so K is one of the row's keys. If the need
@@ -583,7 +572,9 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
       unsigned long long run = 0;
       auto flush = [&] {
         if (run >> 16) atomicAdd(&sh.segment_high[run_bin], static_cast<uint32_t>(run >> 16));
-        if (run & 0xffffu) atomicAdd(&sh.segment_low[run_bin], static_cast<uint32_t>(run & 0xffffu));
+        if (run & 0xffffu) {
+          atomicAdd(&sh.segment_low[run_bin], static_cast<uint32_t>(run & 0xffffu));
+        }
       };
       for_each_key_in(seg, min(hi, seg + kSampleSegment), [&](int, uint32_t key) {
         if ((key & mask) != prefix) return;
@@ -597,7 +588,9 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
       });
       flush();
       __syncthreads();
-      if (owns_bin) block_bin += (static_cast<unsigned long long>(sh.segment_high[t]) << 16) + sh.segment_low[t];
+      if (owns_bin) {
+        block_bin += (static_cast<unsigned long long>(sh.segment_high[t]) << 16) + sh.segment_low[t];
+      }
       __syncthreads();  // read before the next segment clears
     }
     // This buffer was last read remotely two passes ago, before the previous pass's row_sync.
@@ -796,7 +789,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
       float mass = 0.0f;
       if (chunk_max_z > -INFINITY) {
-        for_each_key_in(c * kSampleChunk, min(vocab, (c + 1) * kSampleChunk), [&](int, uint32_t key) {
+        int const a = c * kSampleChunk, e = min(vocab, a + kSampleChunk);
+        for_each_key_in(a, e, [&](int, uint32_t key) {
           if (key >= min_key) mass += sample_exp(float_from_order_key(key) - chunk_max_z);
         });
       }
@@ -834,15 +828,17 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
   }
   auto const kernel = sample_row_thresholds_kernel<kSampleThresholdThreads>;
   constexpr size_t kMaxSmem = size_t{kSampleCachedChunks} * kSampleChunk * sizeof(uint32_t);
-  size_t const smem =
-      split.cached ? static_cast<size_t>(split.chunks_per_block) * kSampleChunk * sizeof(uint32_t) : 0;
+  size_t const smem = split.cached ? static_cast<size_t>(split.chunks_per_block) * kSampleChunk *
+                                         sizeof(uint32_t)
+                                   : 0;
   static_assert(kSampleChunk % 4 == 0, "the cached keys are stored four at a time");
   // Function attributes (no stream work): shared memory above 48 KB (always the most any launch
   // takes, so a graph captured earlier stays launchable), and clusters beyond 8.
   SPECDEC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
   if (split.blocks > 8) {
-    SPECDEC_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    SPECDEC_CUDA_TRY(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
   cudaLaunchConfig_t launch = {};
   launch.gridDim = dim3(static_cast<unsigned>(blocks));

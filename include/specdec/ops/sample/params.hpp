@@ -115,8 +115,9 @@ struct SampleChunkPartial {
 SPECDEC_HD inline int sample_chunks(int vocab) { return ceil_div(vocab, kSampleChunk); }
 // Bytes of workspace for `rows` logit rows of `vocab` (sample: rows = B; verify_sample: B * N).
 inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
-  return static_cast<size_t>(rows) *
-         (static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) + sizeof(uint32_t));
+  size_t const per_row =
+      static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) + sizeof(uint32_t);
+  return static_cast<size_t>(rows) * per_row;
 }
 // The workspace's min_keys [rows] array.
 SPECDEC_HD inline uint32_t* sample_min_keys(void* workspace, int64_t rows, int vocab) {

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t const count = p.tree.count(b);
   float const temperature = p.config.temperature_of(b);
   SampleChunkPartial const* partials = static_cast<SampleChunkPartial const*>(p.workspace);
-  uint32_t const* min_keys = sample_min_keys(p.workspace, static_cast<int64_t>(p.tree.batch) * N, V);
+  uint32_t const* min_keys =
+      sample_min_keys(p.workspace, static_cast<int64_t>(p.tree.batch) * N, V);
   int32_t status = p.links.tree_status[b] != kTreeOk ? kSampleBadTree : kSampleOk;
   if (count < 1 || count > N) status = kSampleBadTree;
   if (status == kSampleOk) status = sample_config_error(temperature, p.config.top_p_of(b));
@@ -100,8 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       TargetDist d;
       float mass;
       uint32_t const min_key = sample_detail::row_min_key(p.config, b, V, min_keys, row0 + n);
-      int32_t const e = sample_detail::warp_dist_from_partials(partials + (row0 + n) * chunks,
-                                                               chunks, temperature, min_key, d, mass);
+      int32_t const e = sample_detail::warp_dist_from_partials(
+          partials + (row0 + n) * chunks, chunks, temperature, min_key, d, mass);
       if ((threadIdx.x & 31) == 0) {
         a.row_dist[n] = d;
         a.row_mass[n] = mass;
