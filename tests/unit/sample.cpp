@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -207,4 +209,24 @@ TEST_CASE("sample: the deterministic acceptance test never accepts a zero-weight
   CHECK(specdec::ops::sample_accept_deterministic(0.0f, 1.0f, 1e-30f));
   CHECK(specdec::ops::sample_accept_deterministic(0.25f, 2.0f, 0.51f));        // 0.5 < 0.51
   CHECK_FALSE(specdec::ops::sample_accept_deterministic(0.25f, 2.0f, 0.5f));   // 0.5 < 0.5 fails
+}
+
+TEST_CASE("sample: the CUDA workspace holds the chunk partials, then one threshold key per row") {
+  // The layout both CUDA kernels index: partials [rows, chunks] from the start, min_keys [rows]
+  // right after them, all inside sample_workspace_bytes.
+  struct Shape { int64_t rows; int vocab; };
+  for (Shape s : {Shape{1, 5}, Shape{7, 1003}, Shape{64, 32000}, Shape{16 * 64, 163840}}) {
+    size_t const bytes = sample_workspace_bytes(s.rows, s.vocab);
+    std::vector<uint64_t> workspace((bytes + 7) / 8);
+    auto* base = reinterpret_cast<unsigned char*>(workspace.data());
+    uint32_t* const min_keys = sample_min_keys(workspace.data(), s.rows, s.vocab);
+    auto* keys = reinterpret_cast<unsigned char*>(min_keys);
+    size_t const partial_bytes =
+        static_cast<size_t>(s.rows) * sample_chunks(s.vocab) * sizeof(SampleChunkPartial);
+    CHECK(keys - base == static_cast<std::ptrdiff_t>(partial_bytes));
+    CHECK(partial_bytes + static_cast<size_t>(s.rows) * sizeof(uint32_t) == bytes);
+    CHECK(reinterpret_cast<uintptr_t>(keys) % alignof(uint32_t) == 0);
+  }
+  CHECK(sample_chunks(kSampleChunk) == 1);
+  CHECK(sample_chunks(kSampleChunk + 1) == 2);
 }
