@@ -328,15 +328,25 @@ class CudaTarget {
     return Status::Ok();
   }
 
+  // The batch's sampling settings on the device. top_k / top_p stay nullptr (the ops' "none",
+  // so they launch no threshold kernel) when no request of the batch has one: every top_k <= 0
+  // and every top_p exactly 1, the values that mean "none" row by row; any other value, an
+  // invalid one included, goes up for the kernels to apply or report.
   Status put_sampling(BatchSampling const& s, ops::SamplingConfig* config, RandomKeys* keys) {
     float* f = nullptr;
     SPECDEC_RETURN_IF_ERROR(temperature_.put(s.temperature, exec_.stream, &f));
     config->temperature = f;
-    SPECDEC_RETURN_IF_ERROR(top_p_.put(s.top_p, exec_.stream, &f));
-    config->top_p = f;
-    int32_t* k = nullptr;
-    SPECDEC_RETURN_IF_ERROR(top_k_.put(s.top_k, exec_.stream, &k));
-    config->top_k = k;
+    config->top_p = nullptr;
+    if (std::any_of(s.top_p.begin(), s.top_p.end(), [](float p) { return p != 1.0f; })) {
+      SPECDEC_RETURN_IF_ERROR(top_p_.put(s.top_p, exec_.stream, &f));
+      config->top_p = f;
+    }
+    config->top_k = nullptr;
+    if (std::any_of(s.top_k.begin(), s.top_k.end(), [](int32_t k) { return k > 0; })) {
+      int32_t* k = nullptr;
+      SPECDEC_RETURN_IF_ERROR(top_k_.put(s.top_k, exec_.stream, &k));
+      config->top_k = k;
+    }
     uint64_t* seed = nullptr;
     SPECDEC_RETURN_IF_ERROR(seed_.put(s.seed, exec_.stream, &seed));
     uint32_t *step = nullptr, *id = nullptr;
