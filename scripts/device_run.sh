@@ -9,7 +9,8 @@
 # (ctest -L gpu; SPECDEC_CTEST_REGEX narrows them) and the op benchmarks (--bench-filter). SPECDEC_NCU="BENCH_FILTER::KERNEL_REGEX"
 # adds Nsight Compute (--clock-control none) on the first launch of the kernels matching
 # KERNEL_REGEX in the benchmarks matching BENCH_FILTER (ncu.txt in the logs, its headline figures
-# in the summary); SPECDEC_SASS=REGEX counts the SASS opcodes of the kernels whose names match.
+# in the summary; SPECDEC_NCU_EXTRA adds ncu arguments, e.g. --metrics for stall reasons);
+# SPECDEC_SASS=REGEX counts the SASS opcodes of the kernels whose names match.
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
 # tp: the tiny preset (INT4 experts) through `specdec-kimi generate --device cuda` at --tp-size 1
@@ -270,11 +271,11 @@ if wants ops && [ -n "${SPECDEC_NCU:-}" ]; then
   ncu_bench=${SPECDEC_NCU%%::*} ncu_kernel=${SPECDEC_NCU##*::}
   timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" --launch-count 1 \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-    --section SchedulerStats $build/benchmarks/specdec_bench_ops \
+    --section SchedulerStats ${SPECDEC_NCU_EXTRA:-} $build/benchmarks/specdec_bench_ops \
     --benchmark_filter="$ncu_bench" > "$logs/ncu.txt" 2>&1 || echo "ncu: exit $?" >> "$summary"
   { echo "--- ncu ($SPECDEC_NCU)"
-    grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Stall|Issued Warp|No Eligible|Cluster" \
-      "$logs/ncu.txt" | head -60; } >> "$summary"
+    grep -E "^  [a-z_]+.*\(|Duration|Elapsed Cycles|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Stall|stalled|pipe_|Ipc|Busy|Issued Warp|No Eligible|Cluster" \
+      "$logs/ncu.txt" | head -120; } >> "$summary"
 fi
 echo "exit status $status, $((SECONDS - start)) s" >> "$summary"
 exit $status
