@@ -968,7 +968,8 @@ Status run_auto(GenerateFlags const& g, LoadedCheckpoint const& m, auto* target,
                      {"predicted_step_ms", 1e3 * p.step_s},
                      {"predicted_tokens_per_s", p.tokens_per_s},
                      {"predicted_speedup", p.speedup},
-                     {"extrapolated", p.extrapolated}});
+                     {"extrapolated", p.extrapolated},
+                     {"timed_by_own_run", p.own_costs}});
   }
   (*j)["advisor"] = {{"speculating", advice.use},
                      {"chosen", specdec::describe(chosen)},

@@ -2,7 +2,7 @@
 // length of a chain predicted from a deeper chain's per-position acceptance against a simulation
 // of the shorter chain (SpecMetrics recording both), advice against step costs computed by hand,
 // "draft nothing" when nothing beats plain decoding, step costs from measured runs against hand
-// values, and every refused input named.
+// values, a measured configuration timed by its own run, and every refused input named.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -227,12 +227,21 @@ TEST_CASE("advisor: costs_from_runs turns measured runs into step costs and cand
   CHECK(costs.overhead_s == doctest::Approx((0.001 + 0.0015 + 0.0015) / 3));
   REQUIRE(candidates.size() == 4);
   CHECK(candidates[0].per_position_accept.empty());
+  // Each speculative candidate keeps its own run's costs per verify; the plain one has none.
+  CHECK_FALSE(candidates[0].own.has_value());
+  REQUIRE(candidates[2].own.has_value());
+  CHECK(candidates[2].own->draft_s == doctest::Approx(0.004));
+  CHECK(candidates[2].own->verify_s == doctest::Approx(0.014));
+  CHECK(candidates[2].own->overhead_s == doctest::Approx(0.0015));
   CHECK(candidates[1].per_position_accept == std::vector<double>{1.0, 1.0});
   CHECK(candidates[2].per_position_accept == std::vector<double>{1.0, 0.0, 0.0, 0.0});
   Advice a;
   REQUIRE(specdec::engine::advise(costs, candidates, &a).ok());
   CHECK(a.use);
-  CHECK(a.best == 1);  // 3 tokens per 2 + 12 + 1.33 ms, against 1 per 11 ms plain
+  CHECK(a.best == 1);  // 3 tokens per 2 + 12 + 1 ms (its own run), against 1 per 11 ms plain
+  CHECK(a.predictions[1].own_costs);
+  CHECK(a.predictions[1].step_s == doctest::Approx(0.015));
+  CHECK(a.predictions[2].step_s == doctest::Approx(0.004 + 0.014 + 0.0015));
   // The tree (topk 4, 2 steps) is predicted at its own measured depth: 1 + 1 + 0 tokens. A tree
   // measured deeper than its steps (an n-gram tree's continuation) keeps every measured depth.
   CHECK(a.predictions[3].accept_length == doctest::Approx(2.0));
@@ -254,6 +263,54 @@ TEST_CASE("advisor: costs_from_runs turns measured runs into step costs and cand
   bad = {runs[0], {config("NGRAM", 2, 1, 3), SpecMetrics{}}};
   check_error(specdec::engine::costs_from_runs(bad, &costs, &candidates),
               StatusCode::kInvalidArgument, {"NGRAM", "made no verify"});
+}
+
+// Two chains whose rest of the step (build + commit + extend) grows with depth, as the H200
+// demo's did: averaged over the runs, that cost makes the deep chain look faster than it ran;
+// each run's own costs choose the chain that was faster. Per verify: plain 11 ms; chain 1 draft
+// 1 + verify 10 + rest 1 = 12 ms, accept length 1.9 (158.3 tokens/s); chain 4 draft 4 + verify
+// 11 + rest 16 = 31 ms, accept length 4.6 (148.4 tokens/s). With the rest averaged (8.5 ms):
+// chain 1 1.9 / 19.5 ms = 97.4 tokens/s, chain 4 4.6 / 23.5 ms = 195.7.
+TEST_CASE("advisor: a measured configuration is predicted from its own run's costs") {
+  // verifies, draft, build, verify, commit, extend (seconds over the run); accepted drafts of
+  // each verify of a chain of `depth`.
+  auto run = [](int depth, std::vector<int> const& accepted, double draft, double build,
+                double verify, double commit, double extend) {
+    std::vector<int> proposed;
+    for (int d = 1; d <= depth; ++d) proposed.push_back(d);
+    SpecMetrics m;
+    for (int a : accepted) m.record_verify(proposed, a, a + 1);
+    m.draft_s = draft, m.build_s = build, m.verify_s = verify;
+    m.commit_s = commit, m.extend_s = extend;
+    return m;
+  };
+  std::vector<specdec::engine::MeasuredRun> const runs{
+      {config("NONE", 0, 0, 1), measured(10, 0.0, 0.0, 0.100, 0.010, 0.0)},
+      {config("EAGLE3", 1, 1, 2),
+       run(1, {1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, 0.010, 0.005, 0.100, 0.005, 0.0)},
+      {config("EAGLE3", 4, 1, 5),
+       run(4, {4, 4, 4, 4, 4, 4, 3, 3, 3, 3}, 0.040, 0.050, 0.110, 0.050, 0.060)},
+  };
+  StepCosts costs;
+  std::vector<Candidate> candidates;
+  REQUIRE(specdec::engine::costs_from_runs(runs, &costs, &candidates).ok());
+  CHECK(costs.overhead_s == doctest::Approx(0.0085));
+  Advice a;
+  REQUIRE(specdec::engine::advise(costs, candidates, &a).ok());
+  CHECK(a.predictions[1].own_costs);
+  CHECK(a.predictions[1].tokens_per_s == doctest::Approx(1.9 / 0.012));
+  CHECK(a.predictions[2].tokens_per_s == doctest::Approx(4.6 / 0.031));
+  CHECK(a.best == 1);
+  // The same candidates without their own costs: the averaged curves choose the deep chain.
+  for (Candidate& c : candidates) c.own.reset();
+  REQUIRE(specdec::engine::advise(costs, candidates, &a).ok());
+  CHECK_FALSE(a.predictions[2].own_costs);
+  CHECK(a.predictions[2].tokens_per_s == doctest::Approx(4.6 / 0.0235));
+  CHECK(a.best == 2);
+  // A run's own costs must be real times.
+  candidates[1].own = specdec::engine::RunCosts{0.001, -0.002, 0.0};
+  check_error(specdec::engine::advise(costs, candidates, &a), StatusCode::kInvalidArgument,
+              {"EAGLE3", "own run's costs", "finite and >= 0"});
 }
 
 // plan_draft_steps against step costs computed by hand at two batch sizes for a chain of 3

@@ -20,7 +20,9 @@
 //                                       tree k); overhead_s the rest of a speculative step
 //                                       (build, accept + commit, draft extend)
 //   predict(costs, candidate)           one configuration: accept length, seconds per step,
-//                                       tokens per second, speedup over plain decoding
+//                                       tokens per second, speedup over plain decoding; a
+//                                       candidate with its own run's costs (candidate.own) is
+//                                       timed by them, any other by the cost curves
 //   advise(costs, candidates, &advice)  every candidate predicted, the best chosen; advice.use
 //                                       false (draft nothing) when the best speedup is below
 //                                       min_speedup, with the reason in advice.summary
@@ -35,14 +37,22 @@
 //                                       draft_step(rows) each speculative run's draft seconds per
 //                                       verify / steps at rows = topk (averaged per topk);
 //                                       overhead_s the speculative runs' build + commit + extend
-//                                       per verify, averaged; each candidate's acceptance its own
-//                                       run's per_position_accept
+//                                       per verify, averaged; each candidate's acceptance and
+//                                       step costs (own: draft, verify and the rest per verify)
+//                                       its own run's. Averaged curves misjudge configurations
+//                                       whose costs do not scale as the curves assume (on the
+//                                       H200 demo, 2026-12-01/02, chain 1 predicted 7% slow and
+//                                       chain 4 8.5% fast: the advisor chose chain 4 at 0.90 to
+//                                       0.96 of the best), so a measured configuration is
+//                                       predicted from what it measured
 //   plan_draft_steps(costs_by_batch, policy, &plan)
 //                                       the drafting depth by batch size for one tree (policy:
 //                                       its config and measured acceptance): at each measured
 //                                       batch size every depth d in [0, steps] predicted (d = 0
 //                                       plain decoding; else the tree cut to d steps, draft_
-//                                       nodes_at nodes, the policy's acceptance to depth d: exact
+//                                       nodes_at nodes, timed by the curves (policy.own, one run
+//                                       at one depth and batch size, is not used), the policy's
+//                                       acceptance to depth d: exact
 //                                       for a chain, an estimate for a top-k tree, whose cut
 //                                       keeps other nodes than the full tree's first d levels), the
 //                                       fastest chosen (ties: the shallower); plan.rules the
@@ -52,8 +62,9 @@
 // A candidate's acceptance is a chain's (`per_position_accept` of any chain serves every chain
 // depth) or, for a top-k tree, the acceptance measured with that tree, to the depth measured
 // (its steps for an EAGLE tree; an n-gram tree's continuations reach nodes - 1 deep).
-// A speculative step: steps x draft_step(rows) + verify(nodes) + overhead_s, committing the
-// accept length; plain decoding commits 1 token per plain_step_s.
+// A speculative step: its own run's draft + verify + rest (candidate.own), or else steps x
+// draft_step(rows) + verify(nodes) + overhead_s, committing the accept length; plain decoding
+// commits 1 token per plain_step_s.
 // Errors (Status, naming the field): an empty or unsorted cost curve, a negative or non-finite
 // cost or rate, acceptance rates outside [0, 1] or rising with depth, a speculative candidate
 // with topk < 1 or fewer than 2 nodes, no candidates. Whether steps / topk / nodes make a
@@ -65,6 +76,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -117,9 +129,16 @@ struct StepCosts {
   double overhead_s = 0.0;
 };
 
+// A configuration's own measured costs, in seconds per verify: its draft phase, its verify
+// forward, and the rest of its step (build + accept + commit + draft extend).
+struct RunCosts {
+  double draft_s = 0.0, verify_s = 0.0, overhead_s = 0.0;
+};
+
 struct Candidate {
   SpecConfig config;                        // algorithm, num_steps, eagle_topk, num_draft_tokens
   std::vector<double> per_position_accept;  // SpecMetrics::per_position_accept()
+  std::optional<RunCosts> own = std::nullopt;  // measured with this config (costs_from_runs)
 };
 
 struct Prediction {
@@ -129,6 +148,7 @@ struct Prediction {
   double tokens_per_s = 0.0;
   double speedup = 1.0;        // tokens_per_s x plain_step_s
   bool extrapolated = false;   // acceptance past the measured depth (the geometric tail)
+  bool own_costs = false;      // timed by the candidate's own run, not the cost curves
 };
 
 struct Advice {
@@ -195,15 +215,30 @@ inline Status predict(StepCosts const& costs, Candidate const& c, Prediction* ou
                                      " do not describe a draft tree");
     }
     SPECDEC_RETURN_IF_ERROR(check_acceptance(c.per_position_accept, what));
-    SPECDEC_RETURN_IF_ERROR(costs.draft_step.check(what + ": draft step costs"));
+    if (!c.own) SPECDEC_RETURN_IF_ERROR(costs.draft_step.check(what + ": draft step costs"));
     // A chain's acceptance serves any chain depth; a tree's is its own, to the depth measured
     // (an n-gram tree's continuations reach past its steps: nodes - 1 deep).
     int const depth = s.eagle_topk > 1
                           ? std::max(s.num_steps, static_cast<int>(c.per_position_accept.size()))
                           : s.num_steps;
     p.accept_length = expected_accept_length(c.per_position_accept, depth, &p.extrapolated);
-    p.step_s = s.num_steps * costs.draft_step.at(s.eagle_topk) +
-               costs.verify.at(s.num_draft_tokens) + costs.overhead_s;
+    if (c.own) {
+      RunCosts const& o = *c.own;
+      for (double v : {o.draft_s, o.verify_s, o.overhead_s}) {
+        if (!std::isfinite(v) || v < 0.0) {
+          return Status::InvalidArgument(what + ": its own run's costs (draft " +
+                                         std::to_string(o.draft_s) + ", verify " +
+                                         std::to_string(o.verify_s) + ", rest " +
+                                         std::to_string(o.overhead_s) +
+                                         " s per verify) must be finite and >= 0");
+        }
+      }
+      p.step_s = o.draft_s + o.verify_s + o.overhead_s;
+      p.own_costs = true;
+    } else {
+      p.step_s = s.num_steps * costs.draft_step.at(s.eagle_topk) +
+                 costs.verify.at(s.num_draft_tokens) + costs.overhead_s;
+    }
   }
   if (p.step_s <= 0.0) return Status::InvalidArgument(what + ": a step predicted to take 0 s");
   p.tokens_per_s = p.accept_length / p.step_s;
@@ -267,17 +302,20 @@ inline Status costs_from_runs(std::span<MeasuredRun const> runs, StepCosts* cost
       curve[size].first += s;
       curve[size].second += 1;
     };
+    Candidate candidate{r.config, m.per_position_accept(), std::nullopt};
     if (r.config.num_steps == 0) {
       if (++plain > 1) return Status::InvalidArgument(what + ": a second plain run");
       c.plain_step_s = (m.draft_s + m.build_s + m.verify_s + m.commit_s + m.extend_s) / n;
       add(verify, 1, m.verify_s / n);
     } else {
       ++speculative;
-      add(verify, r.config.num_draft_tokens, m.verify_s / n);
-      add(draft, r.config.eagle_topk, m.draft_s / n / r.config.num_steps);
-      overhead += (m.build_s + m.commit_s + m.extend_s) / n;
+      RunCosts const own{m.draft_s / n, m.verify_s / n, (m.build_s + m.commit_s + m.extend_s) / n};
+      add(verify, r.config.num_draft_tokens, own.verify_s);
+      add(draft, r.config.eagle_topk, own.draft_s / r.config.num_steps);
+      overhead += own.overhead_s;
+      candidate.own = own;
     }
-    out.push_back(Candidate{r.config, m.per_position_accept()});
+    out.push_back(std::move(candidate));
   }
   if (plain != 1) {
     return Status::InvalidArgument("costs_from_runs: needs exactly one plain run (steps 0), the "
@@ -323,6 +361,7 @@ inline Status plan_draft_steps(std::span<std::pair<int, StepCosts> const> costs_
     int best_depth = -1;
     for (int d = 0; d <= s.num_steps; ++d) {
       Candidate c = policy;
+      c.own.reset();  // one run, at one depth and batch size: every depth takes the curves
       c.config.num_steps = d;
       c.config.num_draft_tokens = draft_nodes_at(s.eagle_topk, s.num_steps, s.num_draft_tokens, d);
       if (d == 0) c.config.eagle_topk = 0;
