@@ -5,7 +5,9 @@
 // values, a measured configuration timed by its own run, and every refused input named.
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -349,6 +351,19 @@ TEST_CASE("advisor: plan_draft_steps chooses the depth per batch size from costs
   REQUIRE(specdec::engine::plan_draft_steps(cheaper, chain, &plan).ok());
   CHECK(plan.rules == std::vector<DraftStepsRule>{{1, 3}, {4, 1}});
   CHECK(plan.chosen[1].second.tokens_per_s == doctest::Approx(1.8 / (0.4 + 1.0 + 0.5 / 3 + 0.1)));
+  // The chain's own run at batch 1 drafted at 0.3 per step (the curve says 0.1): cut to d steps
+  // it costs 0.3 d + verify (its own 1.1 at 3 steps, the curve below) + its rest 0.05, so
+  // d=3 2.8 / 2.05 = 1.366, d=2 2.4 / (0.6 + 1.0 + 0.2 / 3 + 0.05) = 1.398 (the best), d=1
+  // 1.8 / 1.383 = 1.301. Batches without an own run keep the curves.
+  std::vector<std::optional<specdec::engine::RunCosts>> const own{
+      specdec::engine::RunCosts{0.9, 1.1, 0.05}, std::nullopt, std::nullopt};
+  REQUIRE(specdec::engine::plan_draft_steps(by_batch, chain, &plan, own).ok());
+  CHECK(plan.rules == std::vector<DraftStepsRule>{{1, 2}, {4, 0}});
+  CHECK(plan.chosen[0].second.own_costs);
+  CHECK(plan.chosen[0].second.tokens_per_s == doctest::Approx(2.4 / (0.6 + 1.0 + 0.2 / 3 + 0.05)));
+  check_error(specdec::engine::plan_draft_steps(by_batch, chain, &plan,
+                                                std::span(own).first(2)),
+              StatusCode::kInvalidArgument, {"policy_own has 2 entries for 3 batch sizes"});
   // A top-4 tree of 3 steps and 8 nodes cut to 1 step verifies 1 + 4 nodes; its acceptance is
   // taken to that depth only.
   CHECK(specdec::engine::draft_nodes_at(4, 3, 8, 1) == 5);

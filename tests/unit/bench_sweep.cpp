@@ -2,7 +2,7 @@
 // decode rate (decode tokens / seconds of the speculative steps), speedup, efficiency, the
 // outputs that differ from plain decoding, the advisor's choice against the measured best; and
 // plan_bench over the reports of two batch sizes: the choice at the smallest batch, its drafting
-// depth per batch size as the serve flag.
+// depth per batch size (timed by its own run at each batch size) as the serve flag.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -122,6 +122,9 @@ TEST_CASE("bench: plan_bench turns the reports of several batch sizes into the s
   CHECK(plan.planned);
   CHECK(plan.config.num_steps == 2);
   CHECK(plan.plan.rules == std::vector<DraftStepsRule>{{1, 2}, {4, 0}});
+  // At batch 1 the whole chain is timed by its own run there: its measured rate.
+  CHECK(plan.plan.chosen[0].second.own_costs);
+  CHECK(plan.plan.chosen[0].second.tokens_per_s == doctest::Approx(110 / (50 * 1.5e-3)));
   CHECK(plan.summary.find("drafting plan for chain 2: "
                           "--speculative-draft-steps-by-batch 1:2,4:0") != std::string::npos);
   nlohmann::json const j = specdec::engine::bench_plan_json(plan);

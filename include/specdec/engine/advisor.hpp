@@ -45,20 +45,24 @@
 //                                       chain 4 8.5% fast: the advisor chose chain 4 at 0.90 to
 //                                       0.96 of the best), so a measured configuration is
 //                                       predicted from what it measured
-//   plan_draft_steps(costs_by_batch, policy, &plan)
+//   plan_draft_steps(costs_by_batch, policy, &plan[, policy_own])
 //                                       the drafting depth by batch size for one tree (policy:
 //                                       its config and measured acceptance): at each measured
 //                                       batch size every depth d in [0, steps] predicted (d = 0
 //                                       plain decoding; else the tree cut to d steps, draft_
-//                                       nodes_at nodes, timed by the curves (policy.own, one run
-//                                       at one depth and batch size, is not used), the policy's
-//                                       acceptance to depth d: exact
+//                                       nodes_at nodes, the policy's acceptance to depth d: exact
 //                                       for a chain, an estimate for a top-k tree, whose cut
 //                                       keeps other nodes than the full tree's first d levels), the
 //                                       fastest chosen (ties: the shallower); plan.rules the
 //                                       engine's EngineOptions::draft_steps_by_batch (a rule at
 //                                       the first batch size and wherever the choice changes),
-//                                       plan.chosen the prediction chosen at each batch size
+//                                       plan.chosen the prediction chosen at each batch size. A
+//                                       depth is timed by the curves, or, where policy_own (one
+//                                       entry per batch size) holds the policy's own run at that
+//                                       batch size, by that run cut to d steps: d / steps of its
+//                                       draft, its whole rest of the step (the same compiled tree
+//                                       commits and extends alike at any depth), its verify at
+//                                       d = steps and the verify curve below
 // A candidate's acceptance is a chain's (`per_position_accept` of any chain serves every chain
 // depth) or, for a top-k tree, the acceptance measured with that tree, to the depth measured
 // (its steps for an EAGLE tree; an n-gram tree's continuations reach nodes - 1 deep).
@@ -340,8 +344,15 @@ struct DraftStepsPlan {
 };
 
 inline Status plan_draft_steps(std::span<std::pair<int, StepCosts> const> costs_by_batch,
-                               Candidate const& policy, DraftStepsPlan* out) {
+                               Candidate const& policy, DraftStepsPlan* out,
+                               std::span<std::optional<RunCosts> const> policy_own = {}) {
   if (out == nullptr) return Status::InvalidArgument("plan_draft_steps: out is null");
+  if (!policy_own.empty() && policy_own.size() != costs_by_batch.size()) {
+    return Status::InvalidArgument("plan_draft_steps: policy_own has " +
+                                   std::to_string(policy_own.size()) + " entries for " +
+                                   std::to_string(costs_by_batch.size()) +
+                                   " batch sizes (one per batch size, or none)");
+  }
   SpecConfig const& s = policy.config;
   if (s.num_steps < 1) {
     return Status::InvalidArgument("plan_draft_steps: " + describe(s) +
@@ -361,9 +372,15 @@ inline Status plan_draft_steps(std::span<std::pair<int, StepCosts> const> costs_
     int best_depth = -1;
     for (int d = 0; d <= s.num_steps; ++d) {
       Candidate c = policy;
-      c.own.reset();  // one run, at one depth and batch size: every depth takes the curves
+      c.own.reset();
       c.config.num_steps = d;
       c.config.num_draft_tokens = draft_nodes_at(s.eagle_topk, s.num_steps, s.num_draft_tokens, d);
+      std::optional<RunCosts> const own = policy_own.empty() ? std::nullopt : policy_own[i];
+      if (own && d > 0) {  // the policy's own run at this batch size, cut to d steps
+        double const verify =
+            d == s.num_steps ? own->verify_s : costs.verify.at(c.config.num_draft_tokens);
+        c.own = RunCosts{own->draft_s * d / s.num_steps, verify, own->overhead_s};
+      }
       if (d == 0) c.config.eagle_topk = 0;
       if (c.per_position_accept.size() > static_cast<size_t>(d)) {
         c.per_position_accept.resize(static_cast<size_t>(d));

@@ -25,7 +25,8 @@
 //   plan_bench(reports [batch sizes, increasing], &plan)
 //                            the configuration the advisor chose at the smallest batch size
 //                            (plan.planned false when it chose plain decoding), its drafting
-//                            depth per batch size (plan_draft_steps over each report's costs):
+//                            depth per batch size (plan_draft_steps over each report's costs
+//                            and the configuration's own run in each report):
 //                            plan.summary names the serve flag, "--speculative-draft-steps-by-
 //                            batch 1:3,4:0"; bench_plan_json(plan) its JSON {planned, config,
 //                            draft_steps_by_batch, by_batch [{batch, steps, draft_tokens,
@@ -49,9 +50,11 @@
 // whatever costs_from_runs / advise refuse (acceptance outside [0, 1], ...).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -223,9 +226,17 @@ inline Status plan_bench(std::span<BenchReport const> reports, BenchPlan* out) {
     return Status::Ok();
   }
   Candidate const& chosen = first.candidates.at(static_cast<size_t>(first.choice));
+  // Each batch size's costs, and the chosen configuration's own run there (when it ran).
   std::vector<std::pair<int, StepCosts>> by_batch;
-  for (BenchReport const& r : reports) by_batch.emplace_back(r.setup.batch, r.costs);
-  SPECDEC_RETURN_IF_ERROR(plan_draft_steps(by_batch, chosen, &p.plan));
+  std::vector<std::optional<RunCosts>> own;
+  for (BenchReport const& r : reports) {
+    by_batch.emplace_back(r.setup.batch, r.costs);
+    auto const same = std::find_if(r.candidates.begin(), r.candidates.end(), [&](auto const& c) {
+      return bench_name(c.config) == bench_name(chosen.config);
+    });
+    own.push_back(same == r.candidates.end() ? std::nullopt : same->own);
+  }
+  SPECDEC_RETURN_IF_ERROR(plan_draft_steps(by_batch, chosen, &p.plan, own));
   p.planned = true;
   p.config = chosen.config;
   p.summary = "drafting plan for " + bench_name(p.config) +
