@@ -232,7 +232,7 @@ inline Status plan_bench(std::span<BenchReport const> reports, BenchPlan* out) {
   for (BenchReport const& r : reports) {
     by_batch.emplace_back(r.setup.batch, r.costs);
     auto const same = std::find_if(r.candidates.begin(), r.candidates.end(), [&](auto const& c) {
-      return bench_name(c.config) == bench_name(chosen.config);
+      return describe(c.config) == describe(chosen.config);
     });
     own.push_back(same == r.candidates.end() ? std::nullopt : same->own);
   }
