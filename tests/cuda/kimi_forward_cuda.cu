@@ -576,10 +576,22 @@ TEST_CASE("kimi_forward_cuda: a graph ladder pads the batch: real rows equal the
                                    tree.mask, kAux, lg, a);
         },
         [&](KimiCudaModel& m, MlaCache* cache, kimi::CudaForwardOutput* out) {
-          return kimi::kimi_verify(exec, m, cache, ids, N, nodes, tree.positions, tree.mask, kAux,
-                                   out, kimi::LogitsMode::kFull, ladder);
+          if (&m != &graphed) {
+            return kimi::kimi_verify(exec, m, cache, ids, N, nodes, tree.positions, tree.mask,
+                                     kAux, out, kimi::LogitsMode::kFull, ladder);
+          }
+          // The captured verify reads its tree from the device (the engine's device-resident
+          // step): the same rows must give the eager host-tree forward's output bit for bit.
+          DeviceBuffer<int32_t> const d_tokens(nodes), d_positions(tree.positions);
+          DeviceBuffer<uint32_t> const d_mask(tree.mask);
+          REQUIRE((d_tokens.data() && d_positions.data() && d_mask.data()));
+          Status const st = kimi::kimi_verify_device_tree(
+              exec, m, cache, ids, N, {d_tokens.data(), d_positions.data(), d_mask.data()}, kAux,
+              out, kimi::LogitsMode::kFull, ladder);
+          REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);  // before the buffers go
+          return st;
         },
-        true, "verify");
+        true, "verify (captured: the tree on the device)");
   // 3 decodes and the verify padded, one decode above {1, 2}; captured: one decode and one
   // verify shape (the forward above the ladder ran eagerly).
   for (KimiCudaModel const* m : {&md.gpu, &graphed}) {
@@ -891,6 +903,10 @@ TEST_CASE("kimi_forward_cuda: errors name the problem") {
   specdec::testing::check_error(
       kimi::kimi_prefill(CudaExecutor{}, empty, &c.gpu.table, ids, count, tok, {}, &out),
       specdec::StatusCode::kInvalidArgument, {"not loaded"});
+  specdec::testing::check_error(
+      kimi::kimi_verify_device_tree(CudaExecutor{}, md.gpu, &c.gpu.table, ids, 2,
+                                    kimi::DeviceTree{}, {}, &out),
+      specdec::StatusCode::kInvalidArgument, {"device tree", "needed"});
 }
 
 TEST_CASE("kimi_forward_cuda: observed maxima (run last)") {

@@ -132,9 +132,10 @@ Models& models() {
 
 template <class P>
 std::vector<GenerationResult> run(std::vector<GenerationRequest> const& requests,
-                                  SpecMetrics* total = nullptr) {
+                                  SpecMetrics* total = nullptr,
+                                  engine::EngineOptions const& options = {}) {
   CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
-  return testing::run_engine<P, CudaExecutor>(&models().gpu, draft, requests, total);
+  return testing::run_engine<P, CudaExecutor>(&models().gpu, draft, requests, total, options);
 }
 
 // want and got agree, or part at a near-tie of the CPU model (testing::check_same_or_near_tie).
@@ -187,6 +188,56 @@ TEST_CASE("engine (cuda): greedy speculation equals plain decoding") {
   check_lossless<E3<TreeShape<8, 3, 64>>>(requests, want);
   check_lossless<EG<Chain<3>>>(requests, want);
   check_lossless<EG<TreeShape<4, 3, 16>>>(requests, want);
+}
+
+// The device-resident step (the proposal, its tree and the verify's inputs stay on the device;
+// one host wait per step) against the same engine reading each proposal back to build its tree
+// on the host: the same tokens, stops, acceptance and drafts per depth, exactly; the draft's
+// counters say which step ran. Request `stopper` stops at its stop id `stop`: its output ends
+// at the first `stop` and nowhere before.
+template <class P>
+void check_device_step(std::vector<GenerationRequest> const& requests, size_t stopper,
+                       int32_t stop) {
+  CAPTURE(describe<P>());
+  CudaDraft* draft = P::kKind == DraftKind::kEagle ? &models().draft1 : &models().draft;
+  std::vector<GenerationResult> results[2];
+  SpecMetrics totals[2];
+  for (int on = 0; on < 2; ++on) {
+    engine::EngineOptions o;
+    o.device_resident_step = on == 1;
+    int64_t const host = draft->host_proposals, device = draft->device_proposals;
+    results[on] = run<P>(requests, &totals[on], o);
+    CHECK((draft->device_proposals > device) == (on == 1));
+    CHECK((draft->host_proposals > host) == (on == 0));
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    CAPTURE(r);
+    CHECK(results[1][r].output_ids == results[0][r].output_ids);
+    CHECK(results[1][r].finish_reason == results[0][r].finish_reason);
+    CHECK(results[1][r].metrics.verify_ct == results[0][r].metrics.verify_ct);
+    CHECK(results[1][r].metrics.proposed_at_depth == results[0][r].metrics.proposed_at_depth);
+    CHECK(results[1][r].metrics.accepted_at_depth == results[0][r].metrics.accepted_at_depth);
+  }
+  CHECK(totals[1].committed == totals[0].committed);
+  std::vector<int32_t> const& out = results[1][stopper].output_ids;
+  REQUIRE(!out.empty());
+  CHECK(results[1][stopper].finish_reason == engine::FinishReason::kStopId);
+  CHECK(out.back() == stop);
+  CHECK(std::count(out.begin(), out.end(), stop) == 1);
+}
+
+TEST_CASE("engine (cuda): the device-resident step equals the step read back to the host") {
+  auto requests = mixed_requests();
+  // Request 2 stops at the token of its plain output's 10th place (at its first occurrence),
+  // inside a speculative step's path whenever the draft accepts.
+  auto const plain = run<Plain>(requests);
+  REQUIRE(plain[2].output_ids.size() > 10);
+  int32_t const stop = plain[2].output_ids[9];
+  requests[2].stop_ids = {stop};
+  check_device_step<E3<Chain<3>>>(requests, 2, stop);
+  check_device_step<E3<TreeShape<4, 3, 16>>>(requests, 2, stop);
+  check_device_step<E3<TreeShape<8, 3, 64>>>(requests, 2, stop);
+  check_device_step<EG<TreeShape<2, 3, 6>>>(requests, 2, stop);
 }
 
 // The engine on a stream of its own, the target's decode / verify forwards and the draft's

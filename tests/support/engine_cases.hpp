@@ -96,10 +96,11 @@ template <class P, class Exec>
 std::vector<engine::GenerationResult> run_engine(
     typename engine::SpecEngine<P, Exec>::TargetModel* target,
     typename engine::SpecEngine<P, Exec>::DraftModel* draft,
-    std::vector<engine::GenerationRequest> const& requests, engine::SpecMetrics* total) {
+    std::vector<engine::GenerationRequest> const& requests, engine::SpecMetrics* total,
+    engine::EngineOptions const& options = {}) {
   engine::SpecEngine<P, Exec> e;
   Status s = engine::SpecEngine<P, Exec>::create(
-      target, engine::SpecEngine<P, Exec>::kDraftsWithModel ? draft : nullptr, {}, &e);
+      target, engine::SpecEngine<P, Exec>::kDraftsWithModel ? draft : nullptr, options, &e);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   std::vector<engine::GenerationResult> out;
   s = e.generate(requests, &out, total);

@@ -130,6 +130,33 @@ TEST_CASE("engine: greedy output with every draft equals plain decoding") {
   check_lossless<NG<TreeShape<4, 2, 8>>>(requests, want);
 }
 
+// A stop id ends a request at its first occurrence, also inside a speculative step's accepted
+// path (ops::commit_tokens), and the request's output is plain decoding's cut there.
+template <class P>
+void check_stop_id(std::vector<GenerationRequest> const& requests,
+                   std::vector<GenerationResult> const& plain, size_t r, int32_t stop) {
+  CAPTURE(describe<P>());
+  auto const got = run<P>(requests);
+  std::vector<int32_t> const& full = plain[r].output_ids;
+  auto const first = std::find(full.begin(), full.end(), stop);
+  REQUIRE(first != full.end());
+  CHECK(got[r].output_ids == std::vector<int32_t>(full.begin(), first + 1));
+  CHECK(got[r].finish_reason == engine::FinishReason::kStopId);
+  CHECK(got[r].metrics.committed == static_cast<int64_t>(got[r].output_ids.size()) - 1);
+}
+
+TEST_CASE("engine: a stop id ends a request at its first occurrence, with every draft") {
+  auto requests = mixed_requests();
+  auto const plain = run<Plain>(requests);
+  REQUIRE(plain[2].output_ids.size() > 10);
+  int32_t const stop = plain[2].output_ids[9];
+  requests[2].stop_ids = {stop};
+  check_stop_id<Plain>(requests, plain, 2, stop);
+  check_stop_id<E3<Chain<4>>>(requests, plain, 2, stop);
+  check_stop_id<E3<TreeShape<4, 3, 16>>>(requests, plain, 2, stop);
+  check_stop_id<NG<Chain<5>>>(requests, plain, 2, stop);
+}
+
 TEST_CASE("engine: n-gram drafting accepts several tokens per verify on repetitive text") {
   // Greedy decoding of the random target drifts into repeats ("217 217 217 ...", recurring
   // runs of 5-6 tokens) within 200 tokens, which prompt lookup then drafts.

@@ -1,6 +1,7 @@
 // What the engine and every executor's target share about one batch step, on the host:
 //   BatchSampling   per-request sampling arrays [B] (temperature, top_k, top_p, seed, step,
 //                   request id) in the layout ops::sample / ops::verify_sample read; all_greedy
+//   BatchStops      per-request stop arrays in the layout ops::commit_tokens reads
 //   finish_commit   kv_commit's per-request status [B] checked, then each request's MlaCache
 //                   length advanced to seq_len [B]
 //   logits_mode_for LogitsMode::kArgmax for an all-greedy batch on a vocabulary-sharded target
@@ -17,6 +18,7 @@
 #include "specdec/core/status.hpp"
 #include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/ops/commit_tokens/params.hpp"
 #include "specdec/ops/kv_commit/params.hpp"
 #include "specdec/ops/sample/params.hpp"
 
@@ -37,6 +39,47 @@ struct BatchSampling {
     return ops::SamplingConfig{temperature.data(), top_k.data(), top_p.data()};
   }
   RandomKeys keys() const { return RandomKeys{seed.data(), step.data(), request_id.data()}; }
+};
+
+// stop_at_eos [B] (0 / 1), remaining [B] (tokens each may still produce, >= 1), each request's
+// stop ids end to end (stop_ids, its own from stop_offsets[b] to stop_offsets[b + 1]), and the
+// model's eos ids.
+struct BatchStops {
+  std::vector<int32_t> stop_at_eos, remaining, stop_offsets{0}, stop_ids, eos;
+
+  void add(bool at_eos, int64_t left, std::span<int32_t const> ids) {
+    stop_at_eos.push_back(at_eos ? 1 : 0);
+    remaining.push_back(static_cast<int32_t>(left));
+    stop_ids.insert(stop_ids.end(), ids.begin(), ids.end());
+    stop_offsets.push_back(static_cast<int32_t>(stop_ids.size()));
+  }
+  // The arrays end to end (stop_at_eos | remaining | stop_offsets | stop_ids | eos), for one
+  // upload.
+  std::vector<int32_t> flat() const {
+    std::vector<int32_t> all;
+    for (auto const* v : {&stop_at_eos, &remaining, &stop_offsets, &stop_ids, &eos}) {
+      all.insert(all.end(), v->begin(), v->end());
+    }
+    return all;
+  }
+  // commit_tokens's stop arguments: the vectors themselves (uploaded nullptr), or flat()'s
+  // upload at `uploaded`.
+  ops::CommitTokensParams params(int32_t const* uploaded) const {
+    ops::CommitTokensParams c;
+    int32_t const* at = uploaded;
+    auto place = [&](std::vector<int32_t> const& v) {
+      int32_t const* p = uploaded ? at : v.data();
+      at += uploaded ? v.size() : 0;
+      return p;
+    };
+    c.stop_at_eos = place(stop_at_eos);
+    c.remaining = place(remaining);
+    c.stop_offsets = place(stop_offsets);
+    c.stop_ids = place(stop_ids);
+    c.eos = place(eos);
+    c.num_eos = static_cast<int>(eos.size());
+    return c;
+  }
 };
 
 inline Status finish_commit(std::span<model::kimi::RequestId const> ids,

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace specdec::engine {
@@ -39,21 +40,32 @@ struct SpecMetrics {
   double commit_s = 0.0;
   double extend_s = 0.0;
 
-  // One verify: `proposed_depths` lists the depth of every draft node proposed (root excluded),
-  // `accepted` the accepted drafts the output took (the path reaches depths 1..accepted),
-  // `tokens` the tokens the output took: accepted + 1 (the bonus / correction), or fewer when the
-  // request stopped inside the path (eos, max_new_tokens).
-  void record_verify(std::vector<int> const& proposed_depths, int accepted, int tokens) {
+  // One verify: proposed_by_depth[d] draft nodes proposed at depth d >= 1 (index 0, the root,
+  // is not read), `accepted` the accepted drafts the output took (the path reaches depths
+  // 1..accepted), `tokens` the tokens the output took: accepted + 1 (the bonus / correction), or
+  // fewer when the request stopped inside the path (eos, max_new_tokens).
+  void record_verify_counts(std::span<int32_t const> proposed_by_depth, int accepted,
+                            int tokens) {
     ++verify_ct;
     committed += tokens;
-    for (int d : proposed_depths) {
-      grow(d);
-      ++proposed_at_depth[static_cast<size_t>(d)];
+    for (size_t d = 1; d < proposed_by_depth.size(); ++d) {
+      if (proposed_by_depth[d] == 0) continue;
+      grow(static_cast<int>(d));
+      proposed_at_depth[d] += proposed_by_depth[d];
     }
     for (int d = 1; d <= accepted; ++d) {
       grow(d);
       ++accepted_at_depth[static_cast<size_t>(d)];
     }
+  }
+  // The same with the depth of every proposed draft node listed.
+  void record_verify(std::vector<int> const& proposed_depths, int accepted, int tokens) {
+    std::vector<int32_t> by_depth;
+    for (int d : proposed_depths) {
+      if (d >= static_cast<int>(by_depth.size())) by_depth.resize(static_cast<size_t>(d) + 1, 0);
+      ++by_depth[static_cast<size_t>(d)];
+    }
+    record_verify_counts(by_depth, accepted, tokens);
   }
 
   // Depths 1..max_depth reported even when nothing reached them (a policy's tree depth).

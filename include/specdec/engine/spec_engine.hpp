@@ -36,7 +36,8 @@
 //              (lossless for deterministic drafts; Philox keys (seed, request index, step = the
 //              request's output count before the step, node))
 //     commit   ops::kv_commit moves the accepted nodes' target KV to contiguous slots; the
-//              accepted tokens and the bonus / correction token join the output
+//              accepted tokens and the bonus / correction token join the output up to the
+//              request's stop (ops::commit_tokens: eos, a stop id, max_new_tokens)
 //     extend   EAGLE3 / EAGLE: the draft consumes the committed tokens with their features
 // Greedy output equals plain greedy decoding whatever the draft: only the target's logits decide.
 // Token for token on the CPU executor; on the CUDA executor up to near-ties, since a verify of N
@@ -64,13 +65,19 @@
 //                                tree on the device, so that the whole proposal is one CUDA
 //                                graph per (batch, steps, nodes), and the extend after a verify
 //                                one per shape, padded to the GraphLadder as the target's
-//                                forwards: DraftCudaModel::step_graphs); a step waits for the
-//                                device twice: the host reads back the proposal's tokens /
-//                                parents [B, N] with the draft's error record in one copy, and
-//                                the step's acceptance and commit in one more (the verify and
-//                                the extend are queued without a wait; the phases are timed by
-//                                events on the stream, detail::CudaStepClock); n-gram lookup
-//                                and tree_build run on the host.
+//                                forwards: DraftCudaModel::step_graphs). With a draft
+//                                model a step waits for the device once
+//                                (EngineOptions::device_resident_step): the proposal stays on
+//                                the device, tree_build lays out its tree there, the verify
+//                                forward reads it there, verify / kv_commit / commit_tokens
+//                                run behind it, and the host reads back only the acceptance,
+//                                each request's committed tokens and stop, its drafts per
+//                                depth and the proposal's status, in one copy. Otherwise (n-gram
+//                                lookup and tree_build on the host, or device_resident_step
+//                                off) the host holds the tree: one more wait, for the
+//                                proposal. The verify and the extend are queued without a wait;
+//                                the phases are timed by events on the stream
+//                                (detail::CudaStepClock).
 // Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
 // of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
 // and its own copy of the draft. The forward's all-reduces leave every rank the same residual
@@ -107,6 +114,7 @@
 #include "specdec/engine/target_cpu.hpp"
 #include "specdec/model/eagle/forward_cpu.hpp"
 #include "specdec/model/kimi/generate.hpp"
+#include "specdec/ops/commit_tokens/commit_tokens.hpp"
 #include "specdec/ops/draft_select/draft_select.hpp"
 #include "specdec/ops/ngram_lookup/ngram_lookup.hpp"
 #include "specdec/ops/tree_build/tree_build.hpp"
@@ -142,6 +150,12 @@ struct EngineOptions {
   // the rules from measured costs; format_draft_steps / parse_draft_steps write and read them
   // as "1:3,8:1,32:0".
   std::vector<DraftStepsRule> draft_steps_by_batch;
+  // The CUDA executor with a draft model (EAGLE3 / EAGLE): a step keeps the draft's proposal,
+  // its tree and the verify's inputs on the device and waits for it once, at the acceptance
+  // (Session::speculate_on_device). false: the proposal is read back and the tree built on
+  // the host (a second wait per step), as every other strategy and executor does; the two give
+  // the same output (to measure what the wait costs).
+  bool device_resident_step = true;
 };
 
 // A session (SpecEngine::Session): the running batch's capacity, fixed when it opens.
@@ -290,6 +304,10 @@ struct DraftFor<CpuExecutor> {
 //       read-back of tokens / parents / status and the draft's device error record (the one
 //       check of the tokens the draft read since the last proposal; draft_device_errors names
 //       a fault): one host wait per proposal.
+//   queue_proposal(ids, roots, steps, nodes, &device)   the same proposal, left on the device
+//       (DeviceProposal) without a wait; check_proposal(ids, device, words) checks its words
+//       once the caller has read them back (the engine's device-resident step, with its
+//       acceptance).
 class CudaDraftRun {
  public:
   using Model = model::eagle::DraftCudaModel;
@@ -428,10 +446,71 @@ class CudaDraftRun {
     return cache.free_request(id);
   }
 
-  // `steps` (1 .. the policy's) draft steps and `nodes` nodes (<= the policy's).
+  // Where a queued proposal's results lie on the device, for G = rows() requests (fillers
+  // last): tokens and parents [G, nodes], draft_finalize's status [G], then the draft's error
+  // record (kErrorRecord words), contiguous from `tokens` (record_words() in all).
+  struct DeviceProposal {
+    int32_t const* tokens = nullptr;
+    int32_t const* parents = nullptr;
+    int rows = 0, nodes = 0;
+    int32_t const* status() const { return parents + static_cast<size_t>(rows) * nodes; }
+    size_t status_words() const { return static_cast<size_t>(rows) + kErrorRecord; }
+    size_t words() const { return 2 * static_cast<size_t>(rows) * nodes + status_words(); }
+  };
+
+  // `steps` (1 .. the policy's) draft steps and `nodes` nodes (<= the policy's), read back:
+  // tokens / parents [B, nodes] host.
   Status propose(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
                  int steps, int nodes, std::vector<int32_t>* tokens,
                  std::vector<int32_t>* parents) {
+    DeviceProposal d;
+    SPECDEC_RETURN_IF_ERROR(queue(ids, roots, steps, nodes, &d));
+    ++model_->host_proposals;
+    std::vector<int32_t> results(d.words());
+    SPECDEC_RETURN_IF_ERROR(results_.get(results.data(), results.size(), exec_.stream));
+    SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
+    size_t const BN = ids.size() * static_cast<size_t>(nodes);
+    size_t const GN = static_cast<size_t>(d.rows) * static_cast<size_t>(nodes);
+    tokens->assign(results.begin(), results.begin() + static_cast<int64_t>(BN));
+    parents->assign(results.begin() + static_cast<int64_t>(GN),
+                    results.begin() + static_cast<int64_t>(GN + BN));
+    return check_proposal(ids, d, std::span<int32_t const>(results).subspan(2 * GN));
+  }
+
+  // A proposal's status words read back (DeviceProposal::status_words(), from status()): a
+  // token outside the vocabulary the draft met (draft_device_errors names it, and clears the
+  // record), or a draft_finalize status other than ok.
+  Status check_proposal(std::span<model::kimi::RequestId const> ids, DeviceProposal const& d,
+                        std::span<int32_t const> status_words) const {
+    if (status_words[static_cast<size_t>(d.rows)] != 0) {
+      return model::eagle::draft_device_errors(exec_, *model_);
+    }
+    for (size_t b = 0; b < ids.size(); ++b) {
+      int32_t const status = status_words[b];
+      if (status != ops::kDraftSelectOk) {
+        return Status::Internal("SpecEngine: draft_finalize status " + std::to_string(status) +
+                                " for request " + std::to_string(ids[b]));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The same proposal queued on the stream, nothing read back: *out says where it lies.
+  // check_proposal(ids, the words read back later) reports its faults.
+  Status queue_proposal(std::span<model::kimi::RequestId const> ids,
+                        std::span<int32_t const> roots, int steps, int nodes,
+                        DeviceProposal* out) {
+    SPECDEC_RETURN_IF_ERROR(queue(ids, roots, steps, nodes, out));
+    ++model_->device_proposals;
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr size_t kErrorRecord = 4;  // int32 words of the draft's device error record
+
+  // The proposal's inputs uploaded and its work queued (or replayed): queue_proposal's.
+  Status queue(std::span<model::kimi::RequestId const> ids, std::span<int32_t const> roots,
+               int steps, int nodes, DeviceProposal* out) {
     int const B = static_cast<int>(ids.size()), N = nodes;
     int const G = ladder_bucket(B), rows = G < 0 ? B : G;  // the proposal's batch, fillers in
     if (steps < 1 || steps > steps_ || nodes < 2 || nodes > nodes_) {
@@ -440,7 +519,7 @@ class CudaDraftRun {
                               "session's " + std::to_string(steps_) + " and " +
                               std::to_string(nodes_));
     }
-    size_t const BN = static_cast<size_t>(B) * N, GN = static_cast<size_t>(rows) * N;
+    size_t const GN = static_cast<size_t>(rows) * N;
     cudaStream_t const stream = exec_.stream;
     std::vector<int64_t> slots;
     SPECDEC_RETURN_IF_ERROR(slots_of(ids, rows, &slots));
@@ -476,29 +555,10 @@ class CudaDraftRun {
     } else {
       SPECDEC_RETURN_IF_ERROR(enqueue());
     }
-    // One read-back: [tokens GN | parents GN | status G | the draft's error record] (G = rows).
-    std::vector<int32_t> results(2 * GN + static_cast<size_t>(rows) + kErrorRecord);
-    SPECDEC_RETURN_IF_ERROR(results_.get(results.data(), results.size(), stream));
-    SPECDEC_CUDA_TRY(cudaStreamSynchronize(stream));
-    tokens->assign(results.begin(), results.begin() + static_cast<int64_t>(BN));
-    parents->assign(results.begin() + static_cast<int64_t>(GN),
-                    results.begin() + static_cast<int64_t>(GN + BN));
-    // A token outside the vocabulary the draft met: draft_device_errors names it (and clears).
-    if (results[2 * GN + static_cast<size_t>(rows)] != 0) {
-      return model::eagle::draft_device_errors(exec_, *model_);
-    }
-    for (int b = 0; b < B; ++b) {
-      int32_t const status = results[2 * GN + static_cast<size_t>(b)];
-      if (status != ops::kDraftSelectOk) {
-        return Status::Internal("SpecEngine: draft_finalize status " + std::to_string(status) +
-                                " for request " + std::to_string(ids[static_cast<size_t>(b)]));
-      }
-    }
+    int32_t const* const r = results_.data();
+    *out = DeviceProposal{r, r + GN, rows, N};
     return Status::Ok();
   }
-
- private:
-  static constexpr size_t kErrorRecord = 4;  // int32 words of the draft's device error record
 
   // What a captured proposal bakes in besides the session's fixed buffers: the batch size, the
   // tree's steps and nodes, where the draft's scratch lives.
@@ -749,6 +809,8 @@ class SpecEngine {
   static constexpr int kPathCapacity = kKind == DraftKind::kNGram ? kNodes : kSteps + 1;
   // The draft runs on the host (CpuExecutor) or on the device (CudaExecutor).
   static constexpr bool kHostDraft = std::is_same_v<Exec, CpuExecutor>;
+  // A step whose proposal never comes to the host (speculate_on_device): the CUDA draft's.
+  static constexpr bool kDeviceStep = kDraftsWithModel && !kHostDraft;
 
   // Nodes of a proposal of `steps` draft steps (draft_nodes_at for the policy's tree).
   static int draft_nodes(int steps) { return draft_nodes_at(kTopK, kSteps, kNodes, steps); }
@@ -1135,17 +1197,31 @@ class SpecEngine {
     std::optional<FinishReason> push(Slot& s, int32_t token) {
       s.output.push_back(token);
       s.history.push_back(token);
-      if (s.request.stop_at_eos &&
-          std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), int64_t{token}) !=
-              cfg_.eos_token_ids.end()) {
-        return FinishReason::kEos;
-      }
-      if (std::find(s.request.stop_ids.begin(), s.request.stop_ids.end(), token) !=
-          s.request.stop_ids.end()) {
-        return FinishReason::kStopId;
-      }
-      if (static_cast<int>(s.output.size()) >= s.request.max_new_tokens) return FinishReason::kLength;
-      return std::nullopt;
+      int32_t const stop = ops::commit_stop(
+          token, s.request.stop_at_eos, cfg_.eos_token_ids.data(),
+          static_cast<int>(cfg_.eos_token_ids.size()), s.request.stop_ids.data(),
+          static_cast<int>(s.request.stop_ids.size()), static_cast<int64_t>(s.output.size()),
+          int64_t{s.request.max_new_tokens});
+      if (stop == ops::kCommitGoOn) return std::nullopt;
+      return finish_reason(stop);
+    }
+    static FinishReason finish_reason(int32_t stop) {
+      return stop == ops::kCommitEos      ? FinishReason::kEos
+             : stop == ops::kCommitStopId ? FinishReason::kStopId
+                                          : FinishReason::kLength;
+    }
+
+    // commit_tokens over a verified step's tree (tokens [B, N], node_count; depth [B, N]) and
+    // acceptance, with the batch's stops, into record (all on one executor's side).
+    static ops::CommitTokensParams commit_params(TreeInput const& tree, int32_t const* depth,
+                                                 Acceptance const& acc, BatchStops const& stops,
+                                                 int32_t* record) {
+      ops::CommitTokensParams c = stops.params(nullptr);
+      c.tree = tree;
+      c.depth = depth;
+      c.acceptance = acc;
+      c.record = record;
+      return c;
     }
 
     // The request leaves: its pages and draft slot are freed.
@@ -1462,6 +1538,11 @@ class SpecEngine {
       // 1. Propose (draft_steps_at(B) steps).
       SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kDraftStart));
       draft_steps_ = e_.draft_steps_at(B);
+      if constexpr (kDeviceStep) {
+        if (draft_steps_ > 0 && e_.options_.device_resident_step) {
+          return speculate_on_device(batch, s, events);
+        }
+      }
       std::vector<int32_t> tokens, parents, node_count;
       int stride = 0;
       SPECDEC_RETURN_IF_ERROR(
@@ -1529,39 +1610,93 @@ class SpecEngine {
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
                             tree_status.data()};
       SPECDEC_RETURN_IF_ERROR(target_.accept_commit(ids, tree, links, s, acc));
+      BatchStops const stops = stops_of(batch);
+      std::vector<int32_t> record(static_cast<size_t>(B) * ops::commit_record_width(P_cap));
+      SPECDEC_RETURN_IF_ERROR(ops::commit_tokens(CpuExecutor{}, commit_params(tree, depth.data(),
+                                                                              acc, stops,
+                                                                              record.data())));
+      return finish_step(batch, N, acc, record, events, first_event);
+    }
+
+    // The batch's stop arrays (ops::commit_tokens): each request's eos flag, the tokens it may
+    // still produce and its stop ids; the model's eos ids.
+    BatchStops stops_of(std::span<RequestId const> batch) {
+      BatchStops stops;
+      for (int64_t id : cfg_.eos_token_ids) stops.eos.push_back(static_cast<int32_t>(id));
+      for (RequestId id : batch) {
+        Slot const& q = slot(id);
+        stops.add(q.request.stop_at_eos,
+                  q.request.max_new_tokens - static_cast<int64_t>(q.output.size()),
+                  q.request.stop_ids);
+      }
+      return stops;
+    }
+
+    // The device-resident step (kDeviceStep, draft steps > 0): the draft's proposal, its tree
+    // (tree_build) and the verify forward over it stay on the device, queued without a wait;
+    // accept and commit read back the acceptance, the tree's tokens and depths and the
+    // proposal's status in one copy, the step's one host wait.
+    Status speculate_on_device(std::vector<RequestId> const& batch, BatchSampling const& s,
+                               std::vector<StepEvent>* events) {
+      size_t const first_event = events->size();
+      int const B = static_cast<int>(batch.size()), N = draft_nodes(draft_steps_);
+      int const P_cap = std::min(kPathCapacity, N);
+      std::vector<int32_t> roots(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) roots[static_cast<size_t>(b)] = slot(batch[b]).history.back();
+      typename decltype(draft_)::DeviceProposal proposal;
+      SPECDEC_RETURN_IF_ERROR(draft_.queue_proposal(batch, roots, draft_steps_, N, &proposal));
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kBuildStart));
+      SPECDEC_RETURN_IF_ERROR(
+          target_.build_device_tree(batch, N, proposal.tokens, proposal.parents, P_cap));
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kVerifyStart));
+      SPECDEC_RETURN_IF_ERROR(target_.verify_device_tree(aux_layers(), s.all_greedy));
+      SPECDEC_RETURN_IF_ERROR(clock_.mark(detail::kCommitStart));
+      std::vector<int32_t> path(static_cast<size_t>(B) * P_cap), num_accepted(B), next_token(B);
+      std::vector<int32_t> also;  // [commit record | the proposal's status words]
+      Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
+      Status const accepted = target_.accept_commit_device(
+          batch, s, stops_of(batch), acc, {proposal.status(), proposal.status_words()}, &also);
+      // The proposal's faults first: a tree or acceptance error would follow from them.
+      size_t const R = static_cast<size_t>(B) * ops::commit_record_width(P_cap);
+      if (also.size() == R + proposal.status_words()) {
+        SPECDEC_RETURN_IF_ERROR(draft_.check_proposal(
+            batch, proposal, std::span<int32_t const>(also).subspan(R)));
+      }
+      SPECDEC_RETURN_IF_ERROR(accepted);
+      return finish_step(batch, N, acc, std::span<int32_t const>(also.data(), R), events,
+                         first_event);
+    }
+
+    // After accept and commit: each request's commit record (ops::commit_tokens: the tokens it
+    // takes, up to its stop, and its drafts per depth) into its output and metrics, the phase
+    // times, the draft extend over the accepted tokens (queued: path nodes of a tree of N
+    // nodes), and the finished requests' release.
+    Status finish_step(std::vector<RequestId> const& batch, int N, Acceptance const& acc,
+                       std::span<int32_t const> record, std::vector<StepEvent>* events,
+                       size_t first_event) {
+      int const B = static_cast<int>(batch.size()), P_cap = acc.path_capacity;
+      int const width = ops::commit_record_width(P_cap);
       std::vector<RequestId> still, finished;
       std::vector<int32_t> d_counts, d_tokens;
       std::vector<int64_t> d_rows;
       for (int b = 0; b < B; ++b) {
         RequestId const id = batch[static_cast<size_t>(b)];
         Slot& slot_b = slot(id);
-        int const a = num_accepted[static_cast<size_t>(b)];
-        std::vector<int> proposed_depths;
-        for (int i = 1; i < node_count[static_cast<size_t>(b)]; ++i) {
-          proposed_depths.push_back(depth[static_cast<size_t>(b) * N + i]);
-        }
-        // The committed tokens: the accepted drafts, then the bonus / correction; the output
-        // takes them until the request stops.
-        std::vector<int32_t> committed;
-        for (int k = 1; k <= a; ++k) {
-          committed.push_back(
-              tokens[static_cast<size_t>(b) * N + path[static_cast<size_t>(b) * P_cap + k]]);
-        }
-        committed.push_back(next_token[static_cast<size_t>(b)]);
-        std::optional<FinishReason> done;
-        int taken = 0;
+        int const a = acc.num_accepted[b];
+        std::span<int32_t const> const row = record.subspan(static_cast<size_t>(b) * width, width);
+        int const taken = row[0];
+        std::span<int32_t const> const committed = row.subspan(2, static_cast<size_t>(taken));
         StepEvent& ev = events->emplace_back();
         ev.id = id;
-        for (int32_t token : committed) {
-          ++taken;
-          ev.tokens.push_back(token);
-          if ((done = push(slot_b, token))) break;
-        }
-        slot_b.metrics.record_verify(proposed_depths, std::min(a, taken), taken);
-        totals_.record_verify(proposed_depths, std::min(a, taken), taken);
+        ev.tokens.assign(committed.begin(), committed.end());
+        slot_b.output.insert(slot_b.output.end(), committed.begin(), committed.end());
+        slot_b.history.insert(slot_b.history.end(), committed.begin(), committed.end());
+        std::span<int32_t const> const proposed = row.subspan(2 + static_cast<size_t>(P_cap));
+        slot_b.metrics.record_verify_counts(proposed, std::min(a, taken), taken);
+        totals_.record_verify_counts(proposed, std::min(a, taken), taken);
         ev.verified = true;
-        if (done) {
-          ev.reason = *done;
+        if (row[1] != ops::kCommitGoOn) {
+          ev.reason = finish_reason(row[1]);
           finished.push_back(id);
           continue;
         }
@@ -1571,8 +1706,7 @@ class SpecEngine {
           d_counts.push_back(a + 1);
           d_tokens.insert(d_tokens.end(), committed.begin(), committed.end());
           for (int k = 0; k <= a; ++k) {
-            d_rows.push_back(static_cast<int64_t>(b) * N +
-                             path[static_cast<size_t>(b) * P_cap + k]);
+            d_rows.push_back(static_cast<int64_t>(b) * N + acc.accepted_path[b * P_cap + k]);
           }
         }
       }

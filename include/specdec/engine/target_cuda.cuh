@@ -32,8 +32,10 @@
 #include "specdec/engine/batch.hpp"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/ops/commit_tokens/commit_tokens.hpp"
 #include "specdec/ops/kv_commit/kv_commit.hpp"
 #include "specdec/ops/sample/sample.hpp"
+#include "specdec/ops/tree_build/tree_build.hpp"
 #include "specdec/ops/verify_greedy/verify_greedy.hpp"
 #include "specdec/ops/verify_sample/verify_sample.hpp"
 
@@ -206,42 +208,162 @@ class CudaTarget {
   // bookkeeping is then unchanged (the rows it moved lie past every committed prefix).
   Status accept_commit(std::span<RequestId const> ids, TreeInput const& tree,
                        TreeLinks const& links, BatchSampling const& s, Acceptance const& out) {
+    return accept_commit_on(ids, tree, links, true, s, out, nullptr, {}, nullptr);
+  }
+
+  // The device-resident step: build_device_tree lays out the draft's tree (tokens / parents
+  // [B, N], device) with tree_build on the device (prefix lengths from the cache, path
+  // capacity P); verify_device_tree runs kimi_verify_device_tree over it; both queued without
+  // a wait. The tree stays here for accept_commit_device.
+  Status build_device_tree(std::span<RequestId const> ids, int nodes, int32_t const* tokens,
+                           int32_t const* parents, int path_capacity) {
+    size_t const B = ids.size(), BN = B * static_cast<size_t>(nodes);
+    size_t const W = static_cast<size_t>(mask_words(nodes)), P = static_cast<size_t>(path_capacity);
+    std::vector<int32_t> prefix(B);
+    for (size_t b = 0; b < B; ++b) {
+      int64_t length = 0;
+      SPECDEC_RETURN_IF_ERROR(cache_.table.length(ids[b], &length));
+      prefix[b] = static_cast<int32_t>(length);
+    }
+    int32_t* d_prefix = nullptr;
+    SPECDEC_RETURN_IF_ERROR(prefix_.put(prefix, exec_.stream, &d_prefix));
+    // [mask BN W | depth | positions | first_child | next_sibling BN each | leaf_paths BN P |
+    // leaf_count B | tree_status B]
+    SPECDEC_RETURN_IF_ERROR(tree_.reserve(BN * (W + 4 + P) + 2 * B));
+    int32_t* t = tree_.data();
+    ops::TreeBuildParams tb;
+    tb.tree = TreeInput{tokens, parents, nullptr, static_cast<int>(B), nodes};
+    tb.prefix_len = d_prefix;
+    tb.out.mask = reinterpret_cast<uint32_t*>(t);
+    tb.out.depth = t + BN * W;
+    tb.out.positions = tb.out.depth + BN;
+    tb.out.first_child = tb.out.positions + BN;
+    tb.out.next_sibling = tb.out.first_child + BN;
+    tb.out.leaf_paths = tb.out.next_sibling + BN;
+    tb.out.leaf_count = tb.out.leaf_paths + BN * P;
+    tb.out.tree_status = tb.out.leaf_count + B;
+    tb.out.path_capacity = path_capacity;
+    SPECDEC_RETURN_IF_ERROR(ops::tree_build(exec_, tb));
+    device_ids_.assign(ids.begin(), ids.end());
+    device_tree_ = tb.tree;
+    device_links_ = TreeLinks{tb.out.depth, tb.out.first_child, tb.out.next_sibling,
+                              tb.out.tree_status};
+    forward_tree_ = model::kimi::DeviceTree{tokens, tb.out.positions, tb.out.mask};
+    return Status::Ok();
+  }
+  Status verify_device_tree(std::span<int const> aux_layers, bool all_greedy) {
+    return model::kimi::kimi_verify_device_tree(exec_, *model_, &cache_.table, device_ids_,
+                                                device_tree_.nodes, forward_tree_, aux_layers,
+                                                &out_, logits_mode(all_greedy), ladder_);
+  }
+
+  // accept_commit over build_device_tree's tree, then ops::commit_tokens with the batch's
+  // stops, in the step's one read-back: the acceptance into `out` and, into *also_host, [the
+  // commit record [B, commit_record_width(P)] | the device words `extra`] (the proposal's
+  // status and error record): what the step commits, not the tree. A tree_build failure is
+  // the first error reported.
+  Status accept_commit_device(std::span<RequestId const> ids, BatchSampling const& s,
+                              BatchStops const& stops, Acceptance const& out,
+                              std::span<int32_t const> extra, std::vector<int32_t>* also_host) {
+    if (!std::equal(ids.begin(), ids.end(), device_ids_.begin(), device_ids_.end())) {
+      return Status::Internal("CudaTarget::accept_commit_device: the batch is not the one of "
+                              "the last build_device_tree");
+    }
+    std::span<int32_t const> const also[] = {extra};
+    return accept_commit_on(ids, device_tree_, device_links_, false, s, out, &stops, also,
+                            also_host);
+  }
+
+  // The last forward's aux rows `rows` (host indices into its rows) gathered on the device:
+  // *features = [rows.size(), aux_width] device floats, valid until the next call.
+  Status gather_aux_rows(std::span<int64_t const> rows, std::span<float const>* features) {
+    int64_t const F = out_.aux_width, n = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[i] < 0 || rows[i] >= out_.tokens) {
+        return Status::Internal("CudaTarget::gather_aux_rows: rows[" + std::to_string(i) + "] = " +
+                                std::to_string(rows[i]) + " is outside the last forward's " +
+                                std::to_string(out_.tokens) + " rows");
+      }
+    }
+    int64_t* d_rows = nullptr;
+    SPECDEC_RETURN_IF_ERROR(aux_index_.put(rows.data(), rows.size(), exec_.stream, &d_rows));
+    SPECDEC_RETURN_IF_ERROR(
+        aux_gathered_.reserve(static_cast<size_t>(std::max<int64_t>(n * F, 1))));
+    SPECDEC_RETURN_IF_ERROR(
+        detail::gather_rows(out_.aux, d_rows, n, F, aux_gathered_.data(), exec_.stream));
+    *features = {aux_gathered_.data(), static_cast<size_t>(n * F)};
+    return Status::Ok();
+  }
+
+  int64_t aux_width() const { return out_.aux_width; }
+  // Forwards replayed from a CUDA graph so far (KimiCudaModel::graphs).
+  int64_t graph_replays() const { return model_->graphs.replays(); }
+  // Whether the forwards are captured (KimiCudaModel::graphs on).
+  bool graphs_on() const { return model_->graphs.capacity() > 0; }
+
+ private:
+  // accept_commit's work over a tree whose arrays are host arrays (`tree_on_host`: they go up
+  // with kv_commit's page table) or device arrays, and with `stops` ops::commit_tokens after
+  // kv_commit. The download: the acceptance, the new lengths, the statuses (kv_commit's, the
+  // sampler's, the tree's), then into *also_host the commit record (with stops) and the
+  // device words of `also`. Errors in order: the tree's status, the sampler's, kv_commit's.
+  Status accept_commit_on(std::span<RequestId const> ids, TreeInput const& tree,
+                          TreeLinks const& links, bool tree_on_host, BatchSampling const& s,
+                          Acceptance const& out, BatchStops const* stops,
+                          std::span<std::span<int32_t const> const> also,
+                          std::vector<int32_t>* also_host) {
     size_t const B = static_cast<size_t>(tree.batch), BN = B * static_cast<size_t>(tree.nodes);
     size_t const P = static_cast<size_t>(out.path_capacity);
     if (out_.argmax != nullptr) SPECDEC_RETURN_IF_ERROR(check_argmax_batch("CudaTarget", s));
     std::vector<int32_t> table, prefix;
     ops::KvCommitParams kc;
     SPECDEC_RETURN_IF_ERROR(cache_.table.kv_commit_params(ids, &table, &prefix, &kc));
-    // The upload: [tokens | parents | node_count? | depth | first_child | next_sibling |
-    // tree_status | page table | prefix lengths].
+    // The upload: [page table | prefix lengths], after a host tree [tokens | parents |
+    // node_count? | depth | first_child | next_sibling | tree_status].
     upload_.clear();
     auto append = [&](int32_t const* host, size_t n) {
       size_t const at = upload_.size();
       upload_.insert(upload_.end(), host, host + n);
       return at;
     };
-    size_t const at_tokens = append(tree.tokens, BN), at_parents = append(tree.parents, BN);
-    size_t const at_count = tree.node_count != nullptr ? append(tree.node_count, B) : 0;
-    size_t const at_depth = append(links.depth, BN), at_first = append(links.first_child, BN);
-    size_t const at_next = append(links.next_sibling, BN);
-    size_t const at_status = append(links.tree_status, B);
+    TreeInput d_tree = tree;
+    TreeLinks d_links = links;
+    size_t at_tokens = 0, at_parents = 0, at_count = 0, at_depth = 0, at_first = 0, at_next = 0,
+           at_status = 0;
+    if (tree_on_host) {
+      at_tokens = append(tree.tokens, BN);
+      at_parents = append(tree.parents, BN);
+      at_count = tree.node_count != nullptr ? append(tree.node_count, B) : 0;
+      at_depth = append(links.depth, BN);
+      at_first = append(links.first_child, BN);
+      at_next = append(links.next_sibling, BN);
+      at_status = append(links.tree_status, B);
+    }
     size_t const at_table = append(table.data(), table.size());
     size_t const at_prefix = append(prefix.data(), prefix.size());
+    std::vector<int32_t> const stop_words = stops ? stops->flat() : std::vector<int32_t>{};
+    size_t const at_stops = append(stop_words.data(), stop_words.size());
     int32_t* up = nullptr;
     SPECDEC_RETURN_IF_ERROR(upload_device_.put(upload_, exec_.stream, &up));
-    TreeInput d_tree = tree;
-    d_tree.tokens = up + at_tokens;
-    d_tree.parents = up + at_parents;
-    if (tree.node_count != nullptr) d_tree.node_count = up + at_count;
-    TreeLinks const d_links{up + at_depth, up + at_first, up + at_next, up + at_status};
+    if (tree_on_host) {
+      d_tree.tokens = up + at_tokens;
+      d_tree.parents = up + at_parents;
+      if (tree.node_count != nullptr) d_tree.node_count = up + at_count;
+      d_links = TreeLinks{up + at_depth, up + at_first, up + at_next, up + at_status};
+    }
     // The download: [path B x P | num_accepted | next_token | seq_len | commit status |
-    // sample status].
-    size_t const results = B * P + 5 * B;
-    SPECDEC_RETURN_IF_ERROR(results_.reserve(results));
+    // sample status | tree status | also...].
+    size_t const results = B * P + 6 * B;
+    size_t const record_words =
+        stops ? B * static_cast<size_t>(ops::commit_record_width(out.path_capacity)) : 0;
+    size_t also_words = record_words;
+    for (std::span<int32_t const> a : also) also_words += a.size();
+    SPECDEC_RETURN_IF_ERROR(results_.reserve(results + also_words));
     int32_t* const r = results_.data();
     int32_t* const seq_len = r + B * P + 2 * B;
     int32_t* const commit_status = seq_len + B;
     int32_t* const sample_status = commit_status + B;
+    int32_t* const tree_status = sample_status + B;
     Acceptance const d_out{r, r + B * P, r + B * P + B, out.path_capacity};
     int const V = static_cast<int>(model_->config.vocab_size);
     if (s.all_greedy) {
@@ -276,13 +398,32 @@ class CudaTarget {
     kc.seq_len_out = seq_len;
     kc.status = commit_status;
     SPECDEC_RETURN_IF_ERROR(ops::kv_commit(exec_, kc));
-    download_.resize(results);
-    SPECDEC_RETURN_IF_ERROR(results_.get(download_.data(), results, exec_.stream));
+    SPECDEC_CUDA_TRY(cudaMemcpyAsync(tree_status, d_links.tree_status, B * 4,
+                                     cudaMemcpyDeviceToDevice, exec_.stream));
+    if (stops != nullptr) {
+      ops::CommitTokensParams c = stops->params(up + at_stops);
+      c.tree = d_tree;
+      c.depth = d_links.depth;
+      c.acceptance = d_out;
+      c.record = r + results;
+      SPECDEC_RETURN_IF_ERROR(ops::commit_tokens(exec_, c));
+    }
+    int32_t* to = r + results + record_words;
+    for (std::span<int32_t const> a : also) {
+      if (a.empty()) continue;
+      SPECDEC_CUDA_TRY(cudaMemcpyAsync(to, a.data(), a.size() * 4, cudaMemcpyDeviceToDevice,
+                                       exec_.stream));
+      to += a.size();
+    }
+    download_.resize(results + also_words);
+    SPECDEC_RETURN_IF_ERROR(results_.get(download_.data(), download_.size(), exec_.stream));
     SPECDEC_CUDA_TRY(cudaStreamSynchronize(exec_.stream));
     int32_t const* h = download_.data();
     std::copy_n(h, B * P, out.accepted_path);
     std::copy_n(h + B * P, B, out.num_accepted);
     std::copy_n(h + B * P + B, B, out.next_token);
+    if (also_host != nullptr) also_host->assign(h + results, h + results + also_words);
+    SPECDEC_RETURN_IF_ERROR(check_tree_status(h + B * P + 5 * B, tree.batch));
     if (!s.all_greedy) {
       SPECDEC_RETURN_IF_ERROR(ops::check_sample_status(h + B * P + 4 * B, tree.batch));
     }
@@ -290,34 +431,6 @@ class CudaTarget {
     return finish_commit(ids, statuses, lengths, &cache_.table);
   }
 
-  // The last forward's aux rows `rows` (host indices into its rows) gathered on the device:
-  // *features = [rows.size(), aux_width] device floats, valid until the next call.
-  Status gather_aux_rows(std::span<int64_t const> rows, std::span<float const>* features) {
-    int64_t const F = out_.aux_width, n = static_cast<int64_t>(rows.size());
-    for (int64_t i = 0; i < n; ++i) {
-      if (rows[i] < 0 || rows[i] >= out_.tokens) {
-        return Status::Internal("CudaTarget::gather_aux_rows: rows[" + std::to_string(i) + "] = " +
-                                std::to_string(rows[i]) + " is outside the last forward's " +
-                                std::to_string(out_.tokens) + " rows");
-      }
-    }
-    int64_t* d_rows = nullptr;
-    SPECDEC_RETURN_IF_ERROR(aux_index_.put(rows.data(), rows.size(), exec_.stream, &d_rows));
-    SPECDEC_RETURN_IF_ERROR(
-        aux_gathered_.reserve(static_cast<size_t>(std::max<int64_t>(n * F, 1))));
-    SPECDEC_RETURN_IF_ERROR(
-        detail::gather_rows(out_.aux, d_rows, n, F, aux_gathered_.data(), exec_.stream));
-    *features = {aux_gathered_.data(), static_cast<size_t>(n * F)};
-    return Status::Ok();
-  }
-
-  int64_t aux_width() const { return out_.aux_width; }
-  // Forwards replayed from a CUDA graph so far (KimiCudaModel::graphs).
-  int64_t graph_replays() const { return model_->graphs.replays(); }
-  // Whether the forwards are captured (KimiCudaModel::graphs on).
-  bool graphs_on() const { return model_->graphs.capacity() > 0; }
-
- private:
   model::kimi::LogitsMode logits_mode(bool all_greedy) const {
     return logits_mode_for(all_greedy, model_->vocab.size() != model_->config.vocab_size);
   }
@@ -362,7 +475,13 @@ class CudaTarget {
   model::kimi::KimiCudaCache cache_;
   model::kimi::CudaForwardOutput out_;
   detail::Staging<float> picked_, temperature_, top_p_, aux_gathered_;
-  detail::Staging<int32_t> tokens_, status_, top_k_, argmax_, upload_device_, results_;
+  detail::Staging<int32_t> tokens_, status_, top_k_, argmax_, upload_device_, results_, prefix_,
+      tree_;
+  // build_device_tree's batch and tree (device arrays)
+  std::vector<RequestId> device_ids_;
+  TreeInput device_tree_;
+  TreeLinks device_links_;
+  model::kimi::DeviceTree forward_tree_;
   std::vector<int32_t> upload_, download_;
   detail::Staging<uint64_t> seed_, workspace_;
   detail::Staging<int64_t> aux_index_;

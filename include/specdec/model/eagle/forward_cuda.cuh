@@ -474,6 +474,9 @@ class DraftCudaModel {
   // Given a graph ladder: the engine's proposals and extends after a verify that ran padded
   // (filler requests or entries), and that ran above the ladder (eagerly).
   int64_t padded_calls = 0, above_ladder_calls = 0;
+  // The engine's proposals left on the device (its device-resident step) and those read back
+  // to the host (a host wait inside the step).
+  int64_t device_proposals = 0, host_proposals = 0;
 
   // Scratch of one call over n rows (see reserve_draft_scratch).
   struct Scratch {

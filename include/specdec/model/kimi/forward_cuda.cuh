@@ -11,6 +11,8 @@
 //   kimi_prefill / kimi_decode / kimi_verify(CudaExecutor{stream}, model, &cache.table, ...,
 //                                            aux_layers, &out[, LogitsMode])
 //                                                       decode / verify also [, graph ladder]
+//   kimi_verify_device_tree(..., nodes, DeviceTree{tokens, positions, mask}, ...)
+//                                                       a verify whose tree is on the device
 // Arguments are the CPU executor's (host spans); the outputs stay on the device:
 //   out.logits [T, V] fp32, out.aux [T, |aux_layers| * H] fp32 (device pointers into the model's
 //   scratch, valid until the model's next forward; copy_to_host copies them); with
@@ -64,6 +66,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -240,6 +243,15 @@ struct KimiCudaCache {
 };
 
 // A forward's outputs, on the device (the model's scratch: valid until its next forward).
+// A verify's tree already on the device (kimi_verify_device_tree): tokens [B*N], positions
+// [B*N] and ancestor-or-self mask rows [B*N, ceil(N/32)], request after request, as tree_build
+// writes them.
+struct DeviceTree {
+  int32_t const* tokens = nullptr;
+  int32_t const* positions = nullptr;
+  uint32_t const* mask = nullptr;
+};
+
 struct CudaForwardOutput {
   float const* logits = nullptr;  // [T, V] ([T, vocab] with LogitsMode::kArgmax)
   int32_t const* argmax = nullptr;  // [T] (LogitsMode::kArgmax), else null
@@ -1143,7 +1155,7 @@ inline Status cuda_forward_queue(KimiCudaModel& m, MlaCache* cache, BatchMeta co
 inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const& plan,
                            std::span<int const> aux_layers, LogitsMode mode,
                            std::span<int const> ladder, int32_t padding_page, cudaStream_t stream,
-                           CudaForwardOutput* out) {
+                           CudaForwardOutput* out, DeviceTree const* tree = nullptr) {
   int64_t const T = plan.num_tokens(), H = m.config.hidden_size;
   int64_t const B = static_cast<int64_t>(plan.segments.size());
   int const A = static_cast<int>(aux_layers.size());
@@ -1168,6 +1180,15 @@ inline Status cuda_forward(KimiCudaModel& m, MlaCache* cache, ForwardPlan const&
       reserve_scratch(m, Tp, A, static_cast<int64_t>(bm.host.size()), bm.max_slots, &s));
   SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta, bm.host.data(), bm.host.size() * 4,
                                    cudaMemcpyHostToDevice, stream));
+  if (tree != nullptr) {  // the tree's rows over the plan's placeholder, filler rows kept
+    for (auto [to, from, n] : {std::tuple{bm.tokens, tree->tokens, T},
+                               std::tuple{bm.positions, tree->positions, T},
+                               std::tuple{bm.mask, reinterpret_cast<int32_t const*>(tree->mask),
+                                          T * bm.words}}) {
+      SPECDEC_CUDA_TRY(cudaMemcpyAsync(s.meta + to, from, static_cast<size_t>(n) * 4,
+                                       cudaMemcpyDeviceToDevice, stream));
+    }
+  }
   ForwardShape shape;
   shape.tokens = Tp;
   shape.batch = bm.batch;
@@ -1215,7 +1236,8 @@ inline Status cuda_check(std::string const& fn, KimiCudaModel const& m, MlaCache
 template <class Plan>
 Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
                 std::span<int const> aux_layers, LogitsMode mode, std::span<int const> ladder,
-                cudaStream_t stream, CudaForwardOutput* out, Plan&& plan_fn) {
+                cudaStream_t stream, CudaForwardOutput* out, Plan&& plan_fn,
+                DeviceTree const* tree = nullptr) {
   try {
     SPECDEC_RETURN_IF_ERROR(cuda_check(fn, m, cache, out));
     if (!ladder.empty() && graph_ladder_error(ladder) != GraphLadderError::kOk) {
@@ -1227,7 +1249,8 @@ Status cuda_run(std::string const& fn, KimiCudaModel& m, MlaCache* cache,
     ForwardPlan plan;
     SPECDEC_RETURN_IF_ERROR(plan_fn(&plan));
     SPECDEC_RETURN_IF_ERROR(
-        cuda_forward(m, cache, plan, aux_layers, mode, ladder, page, stream, out).prefixed(fn));
+        cuda_forward(m, cache, plan, aux_layers, mode, ladder, page, stream, out, tree)
+            .prefixed(fn));
     return finish_forward(cache, plan);
   } catch (std::exception const& e) {
     return Status::Internal(fn + e.what());
@@ -1273,6 +1296,48 @@ inline Status kimi_verify(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
     return plan_verify(fn, model.config, cache, requests, nodes, tokens, positions, mask,
                        aux_layers, p);
   });
+}
+
+// kimi_verify over a tree that lives on the device (the engine's device-resident step: the
+// draft proposed it and tree_build laid it out without the host seeing it). The host plans the
+// forward with a placeholder of the same size (every node a child of the root: positions length
+// + 1, so the same bounds hold), whose token, position and mask rows the tree's replace on the
+// stream before the forward runs. Not checked on the host, so the caller vouches for them: tokens
+// in [0, vocab), positions length + depth, rows a tree's (tree_build's status says so, on the
+// device).
+inline Status kimi_verify_device_tree(CudaExecutor e, KimiCudaModel& model, MlaCache* cache,
+                                      std::span<RequestId const> requests, int nodes,
+                                      DeviceTree const& tree, std::span<int const> aux_layers,
+                                      CudaForwardOutput* out, LogitsMode mode = LogitsMode::kFull,
+                                      std::span<int const> graph_ladder = {}) {
+  std::string const fn = "kimi_verify_device_tree (cuda): ";
+  if (tree.tokens == nullptr || tree.positions == nullptr || tree.mask == nullptr) {
+    return Status::InvalidArgument(fn + "the device tree's tokens, positions and mask are needed");
+  }
+  if (nodes < 1) return Status::InvalidArgument(fn + "nodes N = " + std::to_string(nodes) + " < 1");
+  size_t const B = requests.size(), N = static_cast<size_t>(nodes);
+  int const W = mask_words(nodes);
+  std::vector<int32_t> tokens(B * N, 0), positions(B * N);
+  std::vector<uint32_t> mask(B * N * static_cast<size_t>(W), 0u);
+  for (size_t b = 0; b < B; ++b) {
+    int64_t length = 0;
+    if (cache != nullptr && cache->has_request(requests[b])) {
+      SPECDEC_RETURN_IF_ERROR(cache->length(requests[b], &length));
+    }
+    for (size_t i = 0; i < N; ++i) {
+      positions[b * N + i] = static_cast<int32_t>(length + (i > 0));
+      uint32_t* row = &mask[(b * N + i) * static_cast<size_t>(W)];
+      row[0] |= 1u;
+      row[i >> 5] |= 1u << (i & 31);
+    }
+  }
+  return detail::cuda_run(
+      fn, model, cache, aux_layers, mode, graph_ladder, e.stream, out,
+      [&](ForwardPlan* p) {
+        return plan_verify(fn, model.config, cache, requests, nodes, tokens, positions, mask,
+                           aux_layers, p);
+      },
+      &tree);
 }
 
 }  // namespace specdec::model::kimi
