@@ -32,8 +32,10 @@
 # kimi1gpu (not in all): the kimi-k2.5-1gpu preset whole (init-random --config-only; generate
 # --random-weights draws its 118 GB on the GPU) with a random Kimi-size EAGLE-3 draft (layers
 # 1,29,57, draft vocabulary 32000, ~2 GB written): 32 tokens plainly and with an EAGLE-3 chain of
-# 3 (4 nodes); per verify the time of each phase, and one speculative step over the plain step
-# (scripts/verify_split.py: the accept length from which the chain pays on this model).
+# 3 (4 nodes), the latter twice: with the device-resident step and with --disable-device-step
+# (the proposal read back: what the second host wait costs); per verify the time of each phase,
+# and one speculative step over the plain step (scripts/verify_split.py: the accept length from
+# which the chain pays on this model).
 # demo (not in all): tools/demo/eval_accept.py on the embedded demo (models/demo) with --device
 # cuda: 16 held-out prompts (models/demo/eval_prompts.jsonl), plain and EAGLE-3 chain 3, greedy;
 # same tokens required; accept length and both decode rates -> $OUT/demo_eval_cuda.json; then
@@ -182,7 +184,9 @@ if wants kimi1gpu; then
        --draft eagle3 --layers 1,29,57 --draft-vocab 32000 --draft-out "$dir/d" > "$logs/kimi1gpu.log" 2>&1 &&
      echo "--- kimi-k2.5-1gpu (61 layers, 64 INT4 experts, weights on the GPU); draft written in $((SECONDS - t0)) s" >> "$summary" &&
      "${gen[@]}" > "$logs/kimi1gpu.json" 2>> "$logs/kimi1gpu.log" &&
-     "${gen[@]}" "${eagle[@]}" > "$logs/kimi1gpu_eagle3.json" 2>> "$logs/kimi1gpu.log"; then
+     "${gen[@]}" "${eagle[@]}" > "$logs/kimi1gpu_eagle3.json" 2>> "$logs/kimi1gpu.log" &&
+     "${gen[@]}" "${eagle[@]}" --disable-device-step > "$logs/kimi1gpu_eagle3_host.json" \
+       2>> "$logs/kimi1gpu.log"; then
     python3 scripts/verify_split.py "$logs"/kimi1gpu*.json >> "$summary"
   else
     { echo "--- kimi1gpu FAILED"; tail -5 "$logs/kimi1gpu.log"; } >> "$summary"; status=1

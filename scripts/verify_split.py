@@ -8,10 +8,18 @@ the first run's of the same configuration, decode tokens/s, accept length and th
 per verify of each phase (draft, build, verify, commit, extend). When a NONE run is among them,
 one more line per other run of the same tensor-parallel size: its whole speculative step over the
 plain step (the cost of one step; speedup = accept length / this ratio) and whether its tokens
-equal NONE's (greedy speculation is lossless).
+equal NONE's (greedy speculation is lossless). A run with "device_resident_step": false (a CUDA
+EAGLE run with --disable-device-step: the proposal read back to the host) is labelled so, and
+its tokens are compared with the first run of its configuration (the device-resident one).
 """
 import json
 import sys
+
+
+def name(j):
+    config = j["speculative_config"]
+    read_back = j.get("device_resident_step") is False and not config.startswith("NONE")
+    return config + (" (--disable-device-step)" if read_back else "")
 
 
 def main(paths):
@@ -23,7 +31,7 @@ def main(paths):
         tp = j.get("tp_size", 1)
         same = first.setdefault(j["speculative_config"], j["output_ids"]) == j["output_ids"]
         runs.append((j, tp, per))
-        print(j["speculative_config"], "| tp %d | same tokens as tp 1: %s" % (tp, same),
+        print(name(j), "| tp %d | same tokens as the first run: %s" % (tp, same),
               "| decode tokens/s %.1f | accept length %.3f | per verify (ms): %s"
               % (j["decode_tokens_per_s"], j["accept_length"],
                  ", ".join("%s %.3f" % kv for kv in per.items())))
@@ -34,7 +42,7 @@ def main(paths):
             step, (plain_step, plain_ids) = sum(per.values()), plain[tp]
             print("%s | tp %d | one step %.3f ms = %.3fx the plain step (%.3f ms); pays from "
                   "accept length %.2f | same tokens as NONE: %s"
-                  % (j["speculative_config"], tp, step, step / plain_step, plain_step,
+                  % (name(j), tp, step, step / plain_step, plain_step,
                      step / plain_step, j["output_ids"] == plain_ids))
 
 

@@ -240,6 +240,16 @@ expect_refusal("heads that do not split" "rank [0-2] of 3: .*num_attention_heads
 expect_refusal("a missing tree flag" "needs --speculative-num-steps, --speculative-eagle-topk"
                --speculative-algorithm NGRAM --speculative-num-steps 2)
 
+# --disable-device-step belongs to the CUDA executor's EAGLE3 / EAGLE steps: elsewhere a usage
+# error naming both.
+set(device_step_refused "--disable-device-step is for --device cuda with "
+                        "--speculative-algorithm EAGLE3 or EAGLE")
+string(CONCAT device_step_refused ${device_step_refused})
+run_kimi(out rc ${greedy} --disable-device-step)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "${device_step_refused}")
+  message(FATAL_ERROR "--disable-device-step on a plain CPU run: exit ${rc}, expected 2: ${out}")
+endif()
+
 # --cuda-graph-bs states the compiled graph ladder (SGLang's spaced form or a comma list); any
 # other ladder is a usage error naming the compiled one.
 execute_process(COMMAND "${KIMI}" ${greedy} --cuda-graph-bs 1 2 4 8 16 32 64 128 256

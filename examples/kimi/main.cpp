@@ -40,7 +40,7 @@
 //                         [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //                         [--random-weights SEED] [--disable-cuda-graph]
 //                         [--cuda-graph-bs B1 B2 ...] [--speculative-config auto]
-//                         [--speculative-draft-steps-by-batch B:S,...]
+//                         [--speculative-draft-steps-by-batch B:S,...] [--disable-device-step]
 //       generation on the CPU or the CUDA executor (GPU 0; this binary is compiled as CUDA where
 //       the build has CUDA). Every run goes through engine/spec_engine.hpp (NONE: plain decoding
 //       in the same loop); the flags select one of ServedPolicies below (the
@@ -52,12 +52,17 @@
 //       forwards, the draft's proposals and its extends after a verify run padded to the
 //       bundles' graph ladder (ServedGraph) and are captured as CUDA graphs, one per ladder size
 //       (up to kCudaGraphShapes shapes, replayed after), eagerly above it; --disable-cuda-graph
-//       launches every kernel from the host; --cuda-graph-bs (SGLang's flag) may state the
-//       ladder, and anything but the compiled one is an error. --speculative-config auto
-//       (with an algorithm, without the tree flags, at --tp-size 1) measures plain decoding and
-//       every compiled tree of the algorithm on the request's first 32 tokens, predicts each
-//       one's throughput (engine/advisor.hpp) and runs the request with the best, or plainly when
-//       none is predicted to gain; the JSON adds "advisor". --speculative-draft-steps-by-batch
+//       launches every kernel from the host; with EAGLE3 / EAGLE a CUDA step keeps the draft's
+//       proposal and its tree on the device and waits once, at the acceptance
+//       (EngineOptions::device_resident_step), and --disable-device-step reads the proposal back
+//       to build the tree on the host (a second wait, to measure it; the same output); with any
+//       other algorithm or device that flag is a usage error; --cuda-graph-bs (SGLang's flag)
+//       may state the ladder, and anything but the compiled one is an error.
+//       --speculative-config auto (with an algorithm, without the tree flags, at --tp-size 1)
+//       measures plain decoding and every compiled tree of the algorithm on the request's first
+//       32 tokens, predicts each one's throughput (engine/advisor.hpp) and runs the request with
+//       the best, or plainly when none is predicted to gain; the JSON adds "advisor".
+//       --speculative-draft-steps-by-batch
 //       "1:3,8:1,32:0" (EngineOptions::draft_steps_by_batch; `bench --batch 1,8,32` prints the
 //       advisor's plan in this form) drafts fewer steps, or none, from the given batch sizes on;
 //       serve logs each change. --json prints one object:
@@ -291,6 +296,7 @@ void usage(std::FILE* out) {
                "                             [--random-weights SEED] [--disable-cuda-graph]\n"
                "                             [--cuda-graph-bs B1 B2 ...] [--speculative-config auto]\n"
                "                             [--speculative-draft-steps-by-batch B:S,...]\n"
+               "                             [--disable-device-step]\n"
                "       specdec-kimi capture --model-path DIR --prompts FILE.jsonl\n"
                "                            --out FILE.safetensors --max-new-tokens N\n"
                "                            (--layers 0,1,2 | --speculative-draft-model-path DIR)\n"
@@ -685,6 +691,7 @@ struct GenerateFlags {
   float top_p = 1.0f;
   bool json = false, self_check = true;
   bool cuda_graph = true;  // --disable-cuda-graph: every CUDA forward eager (still padded)
+  bool device_step = true;  // --disable-device-step: the proposal read back to the host
   // algorithm NONE: steps 0, topk 0, nodes 1; the served bundles' graph ladder
   specdec::SpecConfig spec = [] {
     specdec::SpecConfig c;
@@ -810,6 +817,7 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
   specdec::engine::EngineOptions eo;
   eo.page_size = g.o.page_size;
   eo.draft_steps_by_batch = g.draft_steps;
+  eo.device_resident_step = g.device_step;
   SPECDEC_RETURN_IF_ERROR(Engine::create(target, Engine::kDraftsWithModel ? &draft->model : nullptr,
                                          eo, engine, exec));
   std::string tail;  // the configuration line's graphs and draft-steps parts
@@ -827,6 +835,11 @@ Status start_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
                                 std::to_string(kCudaGraphShapes) + " shapes each)"
                           : "; cuda graph: off (--disable-cuda-graph; forwards still padded to " +
                                 ladder + ")";
+    if constexpr (Engine::kDraftsWithModel) {
+      tail += g.device_step ? "; one host wait per step (the proposal stays on the device)"
+                            : "; two host waits per step (--disable-device-step: the proposal "
+                              "read back)";
+    }
   }
 #endif
   if (!g.draft_steps.empty()) {
@@ -899,6 +912,8 @@ Status run_engine(GenerateFlags const& g, LoadedCheckpoint const& m,
         {"prompt_tokens", ids.size()},
         {"device", g.device},
         {"speculative_config", specdec::describe<P>()},
+        {"device_resident_step",
+         g.device == "cuda" && g.device_step && Engine::kDraftsWithModel},
         {"tp_size", g.tp_size},
         {"tokens_per_s", seconds > 0 ? n / seconds : 0.0},
         {"decode_tokens_per_s", steps_s > 0 && n > 1 ? (n - 1) / steps_s : 0.0},
@@ -1041,6 +1056,12 @@ void check_common_flags(GenerateFlags const& g) {
     fail_usage("--nnodes " + std::to_string(g.nnodes) + " needs --tp-size a multiple of it (got " +
                std::to_string(g.tp_size) + ") and --dist-init-addr HOST:PORT of node 0");
   }
+  if (!g.device_step &&
+      (g.device != "cuda" || (g.spec.algorithm != "EAGLE3" && g.spec.algorithm != "EAGLE"))) {
+    fail_usage("--disable-device-step is for --device cuda with --speculative-algorithm EAGLE3 "
+               "or EAGLE (the steps that keep the proposal on the device); got --device " +
+               g.device + " and " + g.spec.algorithm);
+  }
   if (g.nnodes == 1 && !g.dist_init_addr.empty()) {
     fail_usage("--dist-init-addr is for --nnodes > 1 (one process needs no rendezvous)");
   }
@@ -1148,6 +1169,7 @@ bool common_flag(Flags& f, GenerateFlags& g) {
   else if (f.is("--page-size")) g.o.page_size = f.number<int>();
   else if (f.is("--no-self-check")) g.self_check = false;
   else if (f.is("--disable-cuda-graph")) g.cuda_graph = false;
+  else if (f.is("--disable-device-step")) g.device_step = false;
   else if (f.is("--cuda-graph-bs")) g.spec.cuda_graph_bs = f.numbers<int>();
   else if (f.is("--speculative-algorithm")) g.spec.algorithm = f.value(), g.have_algorithm = true;
   else if (f.is("--speculative-draft-model-path")) g.draft_path = f.value();
