@@ -148,6 +148,29 @@ if wants demo; then
   else
     { echo "--- demo FAILED"; tail -20 "$logs/demo.log"; } >> "$summary"; status=1
   fi
+  # The device-resident step against the proposal read back (--disable-device-step) on the
+  # first held-out prompt, 256 tokens, alternating 3 times, with plain decoding beside them:
+  # per-verify phase times and each step over the plain step.
+  ids=$(head -1 models/demo/eval_prompts.jsonl | python3 -c \
+        "import json,sys; print(','.join(map(str, json.load(sys.stdin)['input_ids'])))")
+  demo_gen=($build/examples/specdec-kimi generate --model-path models/demo/target --device cuda
+            --json --ignore-eos --no-self-check --max-new-tokens 256 --input-ids "$ids")
+  demo_eagle=(--speculative-algorithm EAGLE3 --speculative-draft-model-path models/demo/draft
+              --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4)
+  steps_ok=1
+  for i in 1 2 3; do
+    "${demo_gen[@]}" > "$logs/demo_step_none_$i.json" 2>> "$logs/demo_step.log" &&
+      "${demo_gen[@]}" "${demo_eagle[@]}" > "$logs/demo_step_device_$i.json" \
+        2>> "$logs/demo_step.log" &&
+      "${demo_gen[@]}" "${demo_eagle[@]}" --disable-device-step \
+        > "$logs/demo_step_readback_$i.json" 2>> "$logs/demo_step.log" || steps_ok=0
+  done
+  if [ $steps_ok = 1 ]; then
+    { echo "--- demo step: device-resident vs read back (3 runs each)"
+      python3 scripts/verify_split.py "$logs"/demo_step_*.json; } >> "$summary"
+  else
+    { echo "--- demo step FAILED"; tail -5 "$logs/demo_step.log"; } >> "$summary"; status=1
+  fi
   # The sweep (specdec-kimi bench) at batch 1 and 4 on the GPU in one run, with the drafting
   # plan across them and a plot per batch size.
   if timeout 400 $build/examples/specdec-kimi bench --device cuda --batch 1,4 \
