@@ -1,7 +1,8 @@
 // What the engine and every executor's target share about one batch step, on the host:
 //   BatchSampling   per-request sampling arrays [B] (temperature, top_k, top_p, seed, step,
 //                   request id) in the layout ops::sample / ops::verify_sample read; all_greedy
-//   BatchStops      per-request stop arrays in the layout ops::commit_tokens reads
+//   BatchStops      per-request stop arrays in the layout ops::commit_tokens reads, and its
+//                   arguments (params)
 //   finish_commit   kv_commit's per-request status [B] checked, then each request's MlaCache
 //                   length advanced to seq_len [B]
 //   logits_mode_for LogitsMode::kArgmax for an all-greedy batch on a vocabulary-sharded target
@@ -16,6 +17,7 @@
 
 #include "specdec/core/philox.hpp"
 #include "specdec/core/status.hpp"
+#include "specdec/core/tree.hpp"
 #include "specdec/model/kimi/forward_plan.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
 #include "specdec/ops/commit_tokens/params.hpp"
@@ -62,10 +64,17 @@ struct BatchStops {
     }
     return all;
   }
-  // commit_tokens's stop arguments: the vectors themselves (uploaded nullptr), or flat()'s
-  // upload at `uploaded`.
-  ops::CommitTokensParams params(int32_t const* uploaded) const {
+  // commit_tokens's arguments: the verified step's tree (tokens [B, N], node_count), its
+  // depths [B, N], its acceptance and the record to write, with the stops the vectors
+  // themselves (uploaded nullptr) or flat()'s upload at `uploaded`.
+  ops::CommitTokensParams params(TreeInput const& tree, int32_t const* depth,
+                                 Acceptance const& acceptance, int32_t const* uploaded,
+                                 int32_t* record) const {
     ops::CommitTokensParams c;
+    c.tree = tree;
+    c.depth = depth;
+    c.acceptance = acceptance;
+    c.record = record;
     int32_t const* at = uploaded;
     auto place = [&](std::vector<int32_t> const& v) {
       int32_t const* p = uploaded ? at : v.data();

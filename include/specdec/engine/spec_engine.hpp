@@ -75,9 +75,10 @@
 //                                depth and the proposal's status, in one copy. Otherwise (n-gram
 //                                lookup and tree_build on the host, or device_resident_step
 //                                off) the host holds the tree: one more wait, for the
-//                                proposal. The verify and the extend are queued without a wait;
-//                                the phases are timed by events on the stream
-//                                (detail::CudaStepClock).
+//                                proposal. Either way the requests stop on the device
+//                                (commit_tokens). The verify and the extend are queued
+//                                without a wait; the phases are timed by events on the
+//                                stream (detail::CudaStepClock).
 // Tensor parallel (dist/): each rank runs its own engine, with the same requests, over its shard
 // of the target (a KimiCpuModel / KimiCudaModel loaded with a TpShard and the rank's communicator)
 // and its own copy of the draft. The forward's all-reduces leave every rank the same residual
@@ -1211,19 +1212,6 @@ class SpecEngine {
                                           : FinishReason::kLength;
     }
 
-    // commit_tokens over a verified step's tree (tokens [B, N], node_count; depth [B, N]) and
-    // acceptance, with the batch's stops, into record (all on one executor's side).
-    static ops::CommitTokensParams commit_params(TreeInput const& tree, int32_t const* depth,
-                                                 Acceptance const& acc, BatchStops const& stops,
-                                                 int32_t* record) {
-      ops::CommitTokensParams c = stops.params(nullptr);
-      c.tree = tree;
-      c.depth = depth;
-      c.acceptance = acc;
-      c.record = record;
-      return c;
-    }
-
     // The request leaves: its pages and draft slot are freed.
     Status release(RequestId id) {
       SPECDEC_RETURN_IF_ERROR(target_.table().free_request(id));
@@ -1609,12 +1597,9 @@ class SpecEngine {
       Acceptance const acc{path.data(), num_accepted.data(), next_token.data(), P_cap};
       TreeLinks const links{depth.data(), first_child.data(), next_sibling.data(),
                             tree_status.data()};
-      SPECDEC_RETURN_IF_ERROR(target_.accept_commit(ids, tree, links, s, acc));
-      BatchStops const stops = stops_of(batch);
-      std::vector<int32_t> record(static_cast<size_t>(B) * ops::commit_record_width(P_cap));
-      SPECDEC_RETURN_IF_ERROR(ops::commit_tokens(CpuExecutor{}, commit_params(tree, depth.data(),
-                                                                              acc, stops,
-                                                                              record.data())));
+      std::vector<int32_t> record;
+      SPECDEC_RETURN_IF_ERROR(
+          target_.accept_commit(ids, tree, links, s, stops_of(batch), acc, &record));
       return finish_step(batch, N, acc, record, events, first_event);
     }
 

@@ -5,9 +5,10 @@
 //   prefill(ids [B], counts [B], tokens [sum counts], aux_layers, all_greedy)   keeps logits / aux
 //   verify(ids [B], N, tokens [B*N], positions [B*N], mask [B*N*W], aux_layers, all_greedy)
 //   sample_rows(rows [B] of the last forward, sampling, &tokens [B])  one draw per row
-//   accept_commit(ids [B], tree, links, sampling, &acceptance)
+//   accept_commit(ids [B], tree, links, sampling, stops, &acceptance, &record)
 //       verify_greedy (all greedy) or verify_sample over the last verify's logits, then kv_commit
-//       of the accepted nodes + MlaCache::commit; host arrays
+//       of the accepted nodes + MlaCache::commit, then ops::commit_tokens: each request's
+//       committed tokens up to its stop (record [B, commit_record_width(P)]); host arrays
 // all_greedy (every request of the forward's batch is greedy): a vocabulary-sharded target
 // (tensor parallel, dist/shard.hpp) then asks the forward for each row's argmax
 // (LogitsMode::kArgmax: one key per row crosses the ranks, not the [T, V] logits), and
@@ -28,6 +29,7 @@
 #include "specdec/engine/batch.hpp"
 #include "specdec/model/kimi/forward_cpu.hpp"
 #include "specdec/model/kimi/mla_cache.hpp"
+#include "specdec/ops/commit_tokens/commit_tokens.hpp"
 #include "specdec/ops/kv_commit/kv_commit.hpp"
 #include "specdec/ops/sample/sample.hpp"
 #include "specdec/ops/verify_greedy/verify_greedy.hpp"
@@ -97,9 +99,15 @@ class CpuTarget {
   }
 
   Status accept_commit(std::span<RequestId const> ids, TreeInput const& tree,
-                       TreeLinks const& links, BatchSampling const& s, Acceptance const& out) {
+                       TreeLinks const& links, BatchSampling const& s, BatchStops const& stops,
+                       Acceptance const& out, std::vector<int32_t>* record) {
     SPECDEC_RETURN_IF_ERROR(accept(tree, links, s, out));
-    return commit(ids, out);
+    SPECDEC_RETURN_IF_ERROR(commit(ids, out));
+    record->assign(static_cast<size_t>(tree.batch) *
+                       static_cast<size_t>(ops::commit_record_width(out.path_capacity)),
+                   -1);
+    return ops::commit_tokens(CpuExecutor{},
+                              stops.params(tree, links.depth, out, nullptr, record->data()));
   }
 
   Status aux_rows(std::span<int64_t const> rows, std::vector<float>* out) const {

@@ -1,12 +1,17 @@
 // The engine's target on the CUDA executor: the Kimi CUDA forward (model/kimi/forward_cuda.cuh)
-// over a device MLA cache, and the CUDA kernels of sample / verify / kv_commit on its device
-// logits. The same calls as CpuTarget (engine/target_cpu.hpp), except for the aux rows; the arrays
-// they take and give are host arrays: the small per-step arrays (tree, links, sampling,
-// acceptance, page tables) are copied to the device on the executor's stream and the results read
-// back (the host waits once per call: accept_commit's upload, verify and kv_commit, read-back are
-// one round trip; verify itself returns without waiting, its forward queued before them), while
-// logits stay on the device. A vocabulary-sharded
-// target keeps only the argmax of an all-greedy batch, as CpuTarget does.
+// over a device MLA cache, and the CUDA kernels of sample / verify / kv_commit / commit_tokens on
+// its device logits. The same calls as CpuTarget (engine/target_cpu.hpp), except for the aux
+// rows; the arrays they take and give are host arrays: the small per-step arrays (tree, links,
+// sampling, stops, acceptance, page tables) are copied to the device on the executor's stream
+// and the results read back (the host waits once per call: accept_commit's upload, verify,
+// kv_commit and commit_tokens, read-back are one round trip; verify itself returns without
+// waiting, its forward queued before them), while logits stay on the device. A
+// vocabulary-sharded target keeps only the argmax of an all-greedy batch, as CpuTarget does.
+//   build_device_tree(ids [B], N, tokens, parents [B, N] device, P) / verify_device_tree /
+//   accept_commit_device(ids, sampling, stops, &acceptance, extra device words, &also)
+//       the engine's device-resident step: the tree never comes to the host (tree_build and
+//       kimi_verify_device_tree on the device), and the one read-back holds the acceptance,
+//       the commit record and `extra` (the draft's proposal status)
 //   set_graph_ladder(sizes)   the policy's graph ladder (policy/graph.hpp; before create_cache):
 //       verify forwards run padded to it and eagerly above it (model/kimi/forward_cuda.cuh's
 //       cuda_forward); create_cache adds one page for the filler rows
@@ -201,14 +206,17 @@ class CudaTarget {
     return ops::check_sample_status(status.data(), B);
   }
 
-  // verify_greedy / verify_sample, then kv_commit reading the acceptance on the device, in one
-  // round trip: the tree, its links and kv_commit's page table / prefix lengths go up as one
-  // copy, the acceptance, the new lengths and both statuses come back as one, after one wait.
+  // verify_greedy / verify_sample, then kv_commit reading the acceptance on the device and
+  // ops::commit_tokens stopping the requests there, in one round trip: the tree, its links,
+  // kv_commit's page table / prefix lengths and the stops go up as one copy; the acceptance,
+  // the new lengths, the statuses and the commit record (*record) come back as one, after one
+  // wait.
   // A sampling failure is reported after kv_commit ran on the device; the host's cache
   // bookkeeping is then unchanged (the rows it moved lie past every committed prefix).
   Status accept_commit(std::span<RequestId const> ids, TreeInput const& tree,
-                       TreeLinks const& links, BatchSampling const& s, Acceptance const& out) {
-    return accept_commit_on(ids, tree, links, true, s, out, nullptr, {}, nullptr);
+                       TreeLinks const& links, BatchSampling const& s, BatchStops const& stops,
+                       Acceptance const& out, std::vector<int32_t>* record) {
+    return accept_commit_on(ids, tree, links, true, s, out, &stops, {}, record);
   }
 
   // The device-resident step: build_device_tree lays out the draft's tree (tokens / parents
@@ -401,12 +409,8 @@ class CudaTarget {
     SPECDEC_CUDA_TRY(cudaMemcpyAsync(tree_status, d_links.tree_status, B * 4,
                                      cudaMemcpyDeviceToDevice, exec_.stream));
     if (stops != nullptr) {
-      ops::CommitTokensParams c = stops->params(up + at_stops);
-      c.tree = d_tree;
-      c.depth = d_links.depth;
-      c.acceptance = d_out;
-      c.record = r + results;
-      SPECDEC_RETURN_IF_ERROR(ops::commit_tokens(exec_, c));
+      SPECDEC_RETURN_IF_ERROR(ops::commit_tokens(
+          exec_, stops->params(d_tree, d_links.depth, d_out, up + at_stops, r + results)));
     }
     int32_t* to = r + results + record_words;
     for (std::span<int32_t const> a : also) {
