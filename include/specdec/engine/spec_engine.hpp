@@ -447,9 +447,10 @@ class CudaDraftRun {
     return cache.free_request(id);
   }
 
-  // Where a queued proposal's results lie on the device, for G = rows() requests (fillers
-  // last): tokens and parents [G, nodes], draft_finalize's status [G], then the draft's error
-  // record (kErrorRecord words), contiguous from `tokens` (record_words() in all).
+  // Where a queued proposal's results lie on the device, for G = rows requests (fillers last):
+  // tokens and parents [G, nodes], draft_finalize's status [G], then the draft's error record
+  // (kErrorRecord words), contiguous from `tokens` (words() in all; status_words() from
+  // status()).
   struct DeviceProposal {
     int32_t const* tokens = nullptr;
     int32_t const* parents = nullptr;
@@ -1619,7 +1620,7 @@ class SpecEngine {
 
     // The device-resident step (kDeviceStep, draft steps > 0): the draft's proposal, its tree
     // (tree_build) and the verify forward over it stay on the device, queued without a wait;
-    // accept and commit read back the acceptance, the tree's tokens and depths and the
+    // accept and commit read back the acceptance, the commit record (commit_tokens) and the
     // proposal's status in one copy, the step's one host wait.
     Status speculate_on_device(std::vector<RequestId> const& batch, BatchSampling const& s,
                                std::vector<StepEvent>* events) {
@@ -1687,10 +1688,11 @@ class SpecEngine {
         }
         still.push_back(id);
         if constexpr (kDraftsWithModel) {
-          // Draft entries: committed token k with the features of path node k - 1.
-          d_counts.push_back(a + 1);
+          // Draft entries: committed token k with the features of path node k - 1 (a request
+          // that runs on took all a + 1).
+          d_counts.push_back(taken);
           d_tokens.insert(d_tokens.end(), committed.begin(), committed.end());
-          for (int k = 0; k <= a; ++k) {
+          for (int k = 0; k < taken; ++k) {
             d_rows.push_back(static_cast<int64_t>(b) * N + acc.accepted_path[b * P_cap + k]);
           }
         }

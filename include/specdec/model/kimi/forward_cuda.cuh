@@ -242,7 +242,6 @@ struct KimiCudaCache {
   }
 };
 
-// A forward's outputs, on the device (the model's scratch: valid until its next forward).
 // A verify's tree already on the device (kimi_verify_device_tree): tokens [B*N], positions
 // [B*N] and ancestor-or-self mask rows [B*N, ceil(N/32)], request after request, as tree_build
 // writes them.
@@ -252,6 +251,7 @@ struct DeviceTree {
   uint32_t const* mask = nullptr;
 };
 
+// A forward's outputs, on the device (the model's scratch: valid until its next forward).
 struct CudaForwardOutput {
   float const* logits = nullptr;  // [T, V] ([T, vocab] with LogitsMode::kArgmax)
   int32_t const* argmax = nullptr;  // [T] (LogitsMode::kArgmax), else null
