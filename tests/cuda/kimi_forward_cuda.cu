@@ -5,7 +5,8 @@
 // requests on interleaved pages and a tree verify (logits and aux {-1, 1, 3}); greedy generation;
 // random weights drawn on the device (generate_kimi_cuda_model) against the same values drawn on
 // the host; forwards captured as CUDA graphs against eager ones, bit for bit; batches padded to a
-// graph ladder against the CPU executor and captured against eager; errors.
+// graph ladder against the CPU executor and captured against eager (the captured verify reading
+// its tree from the device, kimi_verify_device_tree); errors.
 //
 // Discrete routing is what makes two executors' logits incomparable token by token: any
 // difference in the activations (bf16 rounding, or just fp32 summation order, which moves a value

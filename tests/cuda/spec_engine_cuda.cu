@@ -15,6 +15,9 @@
 //     outputs alone (up to the same near-ties);
 //   * the n-gram chain accepts more than one token per verify on the repetitive 200-token run;
 //   * the CUDA engine's sampled output is reproducible from its seeds;
+//   * the device-resident step (the proposal and its tree never on the host) gives the output,
+//     stops and per-depth counts of the step that reads the proposal back, exactly, and a stop
+//     id ends a request at its first occurrence;
 //   * a GraphLadder policy pads the target's step forwards and the draft's proposals and
 //     extends, eager above the ladder (graphed = eager, lossless);
 //   * with the target's forwards replayed from CUDA graphs the engine's output and acceptance
