@@ -31,11 +31,21 @@
 // attention reads (fp32 entries of kv_lora_rank + rope = 576 floats per token and layer; each
 // request its context and its own tokens). The logits written are not counted.
 // Ratios: each step's time / decode B=1's, and projected speedups accept_length x t(decode B=1) /
-// t(verify) for accept lengths 1.5 .. 4 (the draft's cost not included: no Kimi-size draft here).
+// t(verify) for accept lengths 1.5 .. 4 (the verify alone).
+// The speculative step (--spec-tokens N > 0, default 32; needs the 61 layers of the EAGLE-3 layer
+// set 1, 29, 57): a random Kimi-size EAGLE-3 draft (fc 21504 -> 7168, one layer, vocabulary
+// 32000; written to a temporary directory, loaded, the directory removed) and SpecEngine, as
+// specdec-kimi serves: plain decoding (NONE) and the EAGLE-3 chain of 3 (3 draft steps, tree,
+// verify of 4, accept, commit, draft extend), padded to the graph ladder and replayed from CUDA
+// graphs, one greedy request with a prompt of --context random tokens generating N tokens,
+// --spec-runs timed runs after an untimed one. Per phase (SpecMetrics' CUDA events) the time per
+// step beside its floor (the draft's forwards: its weights; the verify and the plain step: the
+// byte model above), the whole step of each, their ratio, and the projection's last row:
+// accept_length x t(plain step) / t(chain step), the draft included.
 // Output: the configuration, weight generation time and model.weight_bytes, then markdown tables
 // on stdout (also --markdown FILE) and every number as JSON (--json FILE).
 //   specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S]
-//                           [--json FILE] [--markdown FILE]
+//                           [--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,6 +54,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -53,9 +64,13 @@
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
+#include "specdec/core/dispatch.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/core/tree.hpp"
+#include "specdec/engine/spec_engine.hpp"
 #include "specdec/io/hf_config.hpp"
+#include "specdec/model/eagle/forward_cuda.cuh"
+#include "specdec/model/eagle/random_checkpoint.hpp"
 #include "specdec/model/kimi/forward_cuda.cuh"
 #include "specdec/model/kimi/random_checkpoint.hpp"
 #include "specdec/model/kimi/random_device.cuh"
@@ -84,6 +99,8 @@ struct Options {
   int context = 1024;
   int reps = 20;
   uint64_t seed = 1;
+  int spec_tokens = 32;  // tokens each engine run generates (0: no speculative step)
+  int spec_runs = 3;     // timed engine runs of each policy (after one untimed)
   std::string json_path, markdown_path;
 };
 
@@ -103,7 +120,7 @@ void require(Status const& s, char const* what) {
 
 constexpr char kUsage[] =
     "usage: specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S] "
-    "[--json FILE] [--markdown FILE]\n";
+    "[--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE]\n";
 
 [[noreturn]] void usage(char const* problem) {
   std::fprintf(stderr, "specdec_bench_kimi_step: %s\n%s", problem, kUsage);
@@ -141,6 +158,10 @@ Options parse_flags(int argc, char** argv) {
       o.reps = static_cast<int>(integer(i, 1, 100000));
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(integer(i, 0, INT64_MAX));
+    } else if (a == "--spec-tokens") {
+      o.spec_tokens = static_cast<int>(integer(i, 0, 4096));
+    } else if (a == "--spec-runs") {
+      o.spec_runs = static_cast<int>(integer(i, 1, 1000));
     } else if (a == "--json") {
       o.json_path = text(i);
     } else if (a == "--markdown") {
@@ -406,6 +427,186 @@ StepResult run_step(StepShape const& shape, kimi::KimiCudaModel& model, kimi::Ki
   return r;
 }
 
+// ---- The speculative step through SpecEngine ----
+// specdec-kimi's served policies: plain decoding and the EAGLE-3 chain of 3 (3 draft steps, 4
+// verified nodes) on Kimi-K2.5's layer set, both padded to the graph ladder and replayed from
+// CUDA graphs as specdec-kimi serves them.
+using PlainPolicy = specdec::KimiK25NoDraft<specdec::KimiK25GraphLadder>;
+using ChainPolicy = specdec::KimiK25Eagle3Chain<specdec::KimiK25GraphLadder>;
+constexpr int kDraftVocab = 32000;  // the Kimi-size EAGLE-3 draft's vocabulary
+constexpr size_t kGraphShapes = 16;  // forward / proposal / extend graphs kept (as specdec-kimi)
+
+// One step's phases, ms per verify (SpecMetrics: CUDA events on the engine's stream).
+struct Phases {
+  double draft = 0, build = 0, verify = 0, commit = 0, extend = 0;
+  double sum() const { return draft + build + verify + commit + extend; }
+};
+
+struct EngineRun {
+  std::string name;
+  Phases ms;             // each phase's median over the timed runs
+  double step_ms = 0;    // median over the runs of the phases' sum
+  double wall_ms = 0;    // median over the runs of (generate's wall time - prefill) / verifies
+  int64_t verifies = 0;  // per run
+  double accept_length = 0;
+  std::vector<int32_t> output;  // the last run's tokens
+};
+
+// `runs` + 1 generate calls of SpecEngine<P> for one greedy request (`prompt`, exactly
+// `new_tokens` tokens); the first is untimed (it captures the graphs).
+template <class P>
+EngineRun run_engine(char const* name, kimi::KimiCudaModel& model,
+                     specdec::model::eagle::DraftCudaModel* draft,
+                     std::vector<int32_t> const& prompt, int new_tokens, int runs,
+                     cudaStream_t stream) {
+  using Engine = specdec::engine::SpecEngine<P, specdec::CudaExecutor>;
+  model.graphs.set_capacity(kGraphShapes);
+  if (draft != nullptr) draft->step_graphs = kGraphShapes;
+  Engine engine;
+  require(Engine::create(&model, Engine::kDraftsWithModel ? draft : nullptr, {}, &engine,
+                         specdec::CudaExecutor{stream}),
+          name);
+  specdec::engine::GenerationRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = new_tokens;
+  request.stop_at_eos = false;  // temperature 0: greedy, exactly new_tokens tokens
+  std::vector<double> per_phase[5], steps, walls;
+  EngineRun r;
+  r.name = name;
+  for (int run = 0; run <= runs; ++run) {
+    std::vector<specdec::engine::GenerationResult> out;
+    specdec::engine::SpecMetrics m;
+    auto const t0 = std::chrono::steady_clock::now();
+    require(engine.generate(std::span(&request, 1), &out, &m), name);
+    double const wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (m.verify_ct < 2) require(Status::Internal("fewer than 2 verifies"), name);
+    r.verifies = m.verify_ct;
+    r.accept_length = m.accept_length();
+    r.output = out.front().output_ids;
+    if (run == 0) continue;
+    double const per_verify = 1e3 / static_cast<double>(m.verify_ct);
+    // A request's last verify ends it: no extend follows it.
+    Phases const p{m.draft_s * per_verify, m.build_s * per_verify, m.verify_s * per_verify,
+                   m.commit_s * per_verify,
+                   m.extend_s * 1e3 / static_cast<double>(m.verify_ct - 1)};
+    double const values[] = {p.draft, p.build, p.verify, p.commit, p.extend};
+    for (int i = 0; i < 5; ++i) per_phase[i].push_back(values[i]);
+    steps.push_back(p.sum());
+    walls.push_back((wall_s - m.prefill_s) * per_verify);
+  }
+  model.graphs.set_capacity(0);
+  if (draft != nullptr) draft->step_graphs = 0;
+  r.ms = Phases{median(per_phase[0]), median(per_phase[1]), median(per_phase[2]),
+                median(per_phase[3]), median(per_phase[4])};
+  r.step_ms = median(steps);
+  r.wall_ms = median(walls);
+  return r;
+}
+
+// A random Kimi-size EAGLE-3 draft for ChainPolicy (fc 21504 -> 7168, one layer, vocabulary
+// 32000), written to a fresh temporary directory, loaded onto the GPU, the directory removed.
+void make_draft(io::DeepseekV3Config const& config, kimi::KimiCudaModel const& model,
+                uint64_t seed, specdec::model::eagle::DraftCudaModel* draft, double* seconds) {
+  namespace eagle = specdec::model::eagle;
+  namespace fs = std::filesystem;
+  auto const t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  fs::path const dir = fs::temp_directory_path(ec) / format("specdec_bench_kimi_step_draft_%llu",
+                                                            (unsigned long long)seed);
+  if (ec) require(Status::Internal("no temporary directory: " + ec.message()), "draft");
+  fs::remove_all(dir, ec);  // a previous run's, if it stopped before removing it
+  eagle::DraftRandomOptions options;
+  options.draft_vocab_size = kDraftVocab;
+  require(eagle::write_random_draft(dir.string(), config, ChainPolicy::Layers::ids(), seed,
+                                    options),
+          "write_random_draft");
+  Status const loaded = eagle::load_draft_cuda_model(
+      dir.string(), config, eagle::cuda_target_tensors_of(model), ChainPolicy::kKind,
+      ChainPolicy::Layers::ids(), specdec::describe<ChainPolicy>(), draft);
+  fs::remove_all(dir, ec);
+  require(loaded, "load_draft_cuda_model");
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What the draft's forwards must read: a proposal step's forward reads the decoder layer and
+// the lm_head (its weights less fc, and less its own embedding table if it has one: it reads
+// rows of it); the extend's also reads fc. The draft's KV rows (8 heads x 112 x 2 fp32 per
+// token) are under 0.1% of it at these contexts and are not counted.
+struct DraftBytes {
+  double forward = 0, extend = 0;
+  static DraftBytes of(specdec::model::eagle::DraftCudaModel const& d) {
+    double const fc = 2.0 * static_cast<double>(d.hidden()) *
+                      static_cast<double>(d.config.fc_in_width());
+    double const table = d.has_embedding ? 2.0 * static_cast<double>(d.vocab()) *
+                                               static_cast<double>(d.hidden())
+                                         : 0.0;
+    DraftBytes b;
+    b.forward = static_cast<double>(d.weight_bytes) - fc - table;
+    b.extend = b.forward + fc;
+    return b;
+  }
+};
+
+// The speculative step's table: each phase of the chain step and the plain step beside the
+// floor of what it must read.
+struct SpecStep {
+  EngineRun plain, chain;
+  double draft_setup_s = 0;
+  uint64_t draft_weight_bytes = 0;
+  DraftBytes draft_bytes;
+  int64_t fc_in = 0, hidden = 0;
+  int prompt_tokens = 0, new_tokens = 0, runs = 0, draft_forwards = 0;
+  int64_t mid_context = 0;  // the cache a mid-generation step reads: prompt + new_tokens / 2
+  bool same_tokens = false;
+  int first_difference = -1;
+  // Floors (ms) and bytes of: the propose's draft forwards, the extend, the verify of kNodes, the
+  // whole chain step, and the plain step.
+  double propose_bytes = 0, extend_bytes = 0, verify_bytes = 0, chain_bytes = 0, plain_bytes = 0;
+};
+
+SpecStep run_spec_step(Options const& o, io::DeepseekV3Config const& config,
+                       kimi::KimiCudaModel& model, ByteModel const& bm, specdec::testing::Rng& rng,
+                       cudaStream_t stream) {
+  SpecStep s;
+  specdec::model::eagle::DraftCudaModel draft;
+  make_draft(config, model, o.seed + 1, &draft, &s.draft_setup_s);
+  s.draft_weight_bytes = draft.weight_bytes;
+  std::printf("draft: random EAGLE-3 (%s), %llu weight bytes, written and loaded in %.1f s\n",
+              specdec::describe<ChainPolicy>().c_str(), (unsigned long long)draft.weight_bytes,
+              s.draft_setup_s);
+  std::fflush(stdout);
+  s.prompt_tokens = std::max(o.context, 1);
+  s.new_tokens = o.spec_tokens;
+  s.runs = o.spec_runs;
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(s.prompt_tokens));
+  for (int32_t& t : prompt) t = token(rng);
+  s.plain = run_engine<PlainPolicy>("plain decoding (NONE)", model, nullptr, prompt,
+                                    s.new_tokens, o.spec_runs, stream);
+  s.chain = run_engine<ChainPolicy>("EAGLE-3 chain 3", model, &draft, prompt, s.new_tokens,
+                                    o.spec_runs, stream);
+  s.same_tokens = s.plain.output == s.chain.output;
+  for (size_t i = 0; i < std::min(s.plain.output.size(), s.chain.output.size()); ++i) {
+    if (s.plain.output[i] != s.chain.output[i]) {
+      s.first_difference = static_cast<int>(i);
+      break;
+    }
+  }
+  // Step 0 of a proposal reads the logits of the last extend; each later step runs a forward.
+  s.draft_forwards = ChainPolicy::kSteps - 1;
+  s.draft_bytes = DraftBytes::of(draft);
+  s.fc_in = draft.config.fc_in_width();
+  s.hidden = draft.hidden();
+  s.mid_context = s.prompt_tokens + s.new_tokens / 2;
+  int64_t const mid_context = s.mid_context;
+  s.propose_bytes = s.draft_forwards * s.draft_bytes.forward;
+  s.extend_bytes = s.draft_bytes.extend;
+  s.verify_bytes = bm.bytes(ChainPolicy::kNodes, mid_context + ChainPolicy::kNodes);
+  s.chain_bytes = s.propose_bytes + s.extend_bytes + s.verify_bytes;
+  s.plain_bytes = bm.bytes(1, mid_context + 1);
+  return s;
+}
+
 std::string gb(double bytes) { return format("%.2f", bytes * 1e-9); }
 
 struct Report {
@@ -413,9 +614,101 @@ struct Report {
   nlohmann::json json;
 };
 
+// The speculative step's markdown (appended to *md) and JSON.
+nlohmann::json spec_step_section(SpecStep const& s, CopyFloor const& copy, std::string* md) {
+  std::string const output =
+      s.same_tokens ? "the same tokens as plain decoding"
+                    : format("differs from plain decoding from token %d (a near-tie of the "
+                             "verify's bf16 GEMMs against the decode's, or a fault)",
+                             s.first_difference);
+  *md += format(
+      "\n### The speculative step through SpecEngine (EAGLE-3 chain 3 against plain decoding)\n\n"
+      "- one greedy request: a prompt of %d random tokens, %d new tokens; each policy's generate "
+      "run %d times after an untimed run (it captures the graphs); medians over the runs\n"
+      "- draft: a random Kimi-size EAGLE-3 (fc %lld -> %lld, one layer, vocabulary %d; %s GB of "
+      "weights, written and loaded in %.1f s); it accepts next to nothing (accept length %.3f): "
+      "a step's cost does not depend on what it accepts\n"
+      "- output: %s\n"
+      "- ms per step: SpecMetrics' phases (CUDA events on the engine's stream) per verify, the "
+      "extend per extend (a request's last verify has none); wall = (generate's wall time - "
+      "prefill) / verifies, host gaps included\n"
+      "- floor = bytes read / copy floor: a draft forward reads the draft's weights less fc (%s "
+      "GB), the extend with fc (%s GB); the verify of %d nodes and the plain step as the table "
+      "above, at context %lld\n\n",
+      s.prompt_tokens, s.new_tokens, s.runs, (long long)s.fc_in, (long long)s.hidden, kDraftVocab,
+      gb(double(s.draft_weight_bytes)).c_str(), s.draft_setup_s, s.chain.accept_length,
+      output.c_str(), gb(s.draft_bytes.forward).c_str(), gb(s.draft_bytes.extend).c_str(),
+      ChainPolicy::kNodes, (long long)s.mid_context);
+  *md += "| phase | ms per step | bytes GB | floor ms | floor / time | time / plain step |\n";
+  *md += "|---|---:|---:|---:|---:|---:|\n";
+  nlohmann::json rows = nlohmann::json::array();
+  auto row = [&](std::string const& name, double ms, double bytes) {
+    double const ratio = ms / s.plain.step_ms;
+    nlohmann::json j = {{"name", name}, {"ms", ms}, {"time_over_plain_step", ratio}};
+    if (bytes > 0) {
+      double const floor = bytes / copy.bytes_per_s * 1e3;
+      *md += format("| %s | %.3f | %s | %.3f | %.3f | %.3f |\n", name.c_str(), ms,
+                    gb(bytes).c_str(), floor, floor / ms, ratio);
+      j["bytes"] = bytes;
+      j["floor_ms"] = floor;
+      j["fraction_of_floor"] = floor / ms;
+    } else {
+      *md += format("| %s | %.3f | - | - | - | %.3f |\n", name.c_str(), ms, ratio);
+    }
+    rows.push_back(std::move(j));
+  };
+  Phases const& c = s.chain.ms;
+  row(format("draft: propose, %d steps (%d draft forwards, draft_expand, draft_finalize)",
+             ChainPolicy::kSteps, s.draft_forwards),
+      c.draft, s.propose_bytes);
+  row("draft: one step (propose / draft forwards)", c.draft / s.draft_forwards,
+      s.draft_bytes.forward);
+  row("tree_build", c.build, 0);
+  row(format("verify of %d nodes + accept", ChainPolicy::kNodes), c.verify, s.verify_bytes);
+  row("commit (kv_commit, commit_tokens, the read-back)", c.commit, 0);
+  row("draft: extend (fc + one forward)", c.extend, s.extend_bytes);
+  row("**EAGLE-3 chain 3 step**", s.chain.step_ms, s.chain_bytes);
+  row("EAGLE-3 chain 3 step, wall", s.chain.wall_ms, s.chain_bytes);
+  row("**plain step (NONE)**", s.plain.step_ms, s.plain_bytes);
+  row("plain step, wall", s.plain.wall_ms, s.plain_bytes);
+  double const ratio = s.chain.step_ms / s.plain.step_ms;
+  *md += format(
+      "\nOne EAGLE-3 chain 3 step = **%.3fx** one plain step (wall: %.3fx): it pays from an "
+      "accept length of %.2f; at 2.1, %.2fx.\n",
+      ratio, s.chain.wall_ms / s.plain.wall_ms, ratio, 2.1 / ratio);
+  auto run_json = [](EngineRun const& r) {
+    return nlohmann::json{{"name", r.name},
+                          {"phases_ms",
+                           {{"draft", r.ms.draft},
+                            {"build", r.ms.build},
+                            {"verify", r.ms.verify},
+                            {"commit", r.ms.commit},
+                            {"extend", r.ms.extend}}},
+                          {"step_ms", r.step_ms},
+                          {"wall_ms", r.wall_ms},
+                          {"verifies", r.verifies},
+                          {"accept_length", r.accept_length}};
+  };
+  return {{"prompt_tokens", s.prompt_tokens},
+          {"new_tokens", s.new_tokens},
+          {"runs", s.runs},
+          {"context_for_floors", s.mid_context},
+          {"draft_weight_bytes", s.draft_weight_bytes},
+          {"draft_forward_bytes", s.draft_bytes.forward},
+          {"draft_extend_bytes", s.draft_bytes.extend},
+          {"draft_setup_s", s.draft_setup_s},
+          {"same_tokens", s.same_tokens},
+          {"first_difference", s.first_difference},
+          {"plain", run_json(s.plain)},
+          {"chain", run_json(s.chain)},
+          {"rows", std::move(rows)},
+          {"chain_over_plain", ratio},
+          {"chain_over_plain_wall", s.chain.wall_ms / s.plain.wall_ms}};
+}
+
 Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& bm,
               double generation_s, uint64_t cache_bytes, CopyFloor const& copy,
-              std::vector<StepResult> const& steps) {
+              std::vector<StepResult> const& steps, SpecStep const* spec) {
   Report rep;
   std::string& md = rep.markdown;
   double const decode_ms = steps.front().time.median_ms;  // decode B=1
@@ -483,10 +776,15 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
     }
     js.push_back(std::move(s));
   }
-  md +=
-      "\nProjected speedup at batch 1 = accept length x t(decode B=1) / t(verify). The draft's "
-      "cost is not included yet (no Kimi-size draft is measured in this binary); \"-\": more "
-      "tokens than one verify of the shape can accept (its depth + 1).\n\n";
+  nlohmann::json spec_json = nullptr;
+  if (spec != nullptr) spec_json = spec_step_section(*spec, copy, &md);
+  md += format(
+      "\nProjected speedup at batch 1 = accept length x t(decode B=1) / t(verify): the verify "
+      "alone, the draft's cost not included%s; \"-\": more tokens than one verify of the shape "
+      "can accept (its depth + 1).\n\n",
+      spec != nullptr ? "; the last row is measured whole: accept length x t(plain step) / "
+                        "t(EAGLE-3 chain 3 step), both through SpecEngine (table above)"
+                      : "");
   md += "| verify | max accept |";
   for (double a : kAcceptLengths) md += format(" %.1f |", a);
   md += "\n|---|---:|";
@@ -512,6 +810,25 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
                           {"max_accept", r.shape.max_accept()},
                           {"speedup", std::move(speedups)}});
   }
+  if (spec != nullptr) {
+    int const max_accept = ChainPolicy::kSteps + 1;
+    md += format("| EAGLE-3 chain 3, whole step (draft included) | %d |", max_accept);
+    nlohmann::json speedups = nlohmann::json::array();
+    for (double a : kAcceptLengths) {
+      if (a > max_accept) {
+        md += " - |";
+        speedups.push_back(nullptr);
+        continue;
+      }
+      double const x = a * spec->plain.step_ms / spec->chain.step_ms;
+      md += format(" %.2f |", x);
+      speedups.push_back(x);
+    }
+    md += "\n";
+    projection.push_back({{"name", "EAGLE-3 chain 3, whole step (draft included)"},
+                          {"max_accept", max_accept},
+                          {"speedup", std::move(speedups)}});
+  }
   rep.json = {
       {"preset", kPreset},
       {"config", io::describe(c)},
@@ -532,6 +849,7 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
       {"copy_floor",
        {{"bytes", kCopyBytes}, {"time", to_json(copy.time)}, {"bytes_per_s", copy.bytes_per_s}}},
       {"steps", std::move(js)},
+      {"speculative_step", std::move(spec_json)},
       {"projection", {{"accept_lengths", kAcceptLengths}, {"rows", std::move(projection)}}},
       {"notes",
        {"bytes: rest + T embedding rows + expected distinct experts x expert bytes x MoE layers + "
@@ -540,9 +858,9 @@ Report report(Options const& o, io::DeepseekV3Config const& c, ByteModel const& 
         "eager: CUDA events around one forward call launched by the host; time: the same call "
         "replaying the forward captured as a CUDA graph (floor and ratios use it); both with "
         "programmatic dependent launch, graph_no_pdl the graph captured without it",
-        "projection: accept_length x t(decode B=1) / t(verify); the draft's cost is not included "
-        "(no Kimi-size draft measured in this binary); null where the accept length exceeds the "
-        "shape's depth + 1"}}};
+        "projection: accept_length x t(decode B=1) / t(verify), the draft's cost not included; "
+        "the whole-step row: accept_length x t(plain step) / t(EAGLE-3 chain 3 step) through "
+        "SpecEngine; null where the accept length exceeds the shape's depth + 1"}}};
   return rep;
 }
 
@@ -635,9 +953,23 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     steps.push_back(std::move(r));
   }
+  std::optional<SpecStep> spec;
+  int const deepest_layer = ChainPolicy::Layers::ids().back();
+  if (o.spec_tokens == 0) {
+    std::printf("speculative step: not run (--spec-tokens 0)\n");
+  } else if (deepest_layer >= config.num_hidden_layers) {
+    std::printf("speculative step: not run (the EAGLE-3 layer set %s needs more than %d layers)\n",
+                specdec::format_layers(ChainPolicy::Layers::ids()).c_str(),
+                config.num_hidden_layers);
+  } else {
+    spec = run_spec_step(o, config, model, bm, rng, stream);
+    std::printf("speculative step: EAGLE-3 chain 3 %.3f ms, plain %.3f ms (medians)\n",
+                spec->chain.step_ms, spec->plain.step_ms);
+  }
   check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
 
-  Report const rep = report(o, config, bm, generation_s, cache_bytes, copy, steps);
+  Report const rep =
+      report(o, config, bm, generation_s, cache_bytes, copy, steps, spec ? &*spec : nullptr);
   std::printf("\n%s", rep.markdown.c_str());
   if (!o.markdown_path.empty()) write_file(o.markdown_path, rep.markdown);
   if (!o.json_path.empty()) write_file(o.json_path, rep.json.dump(2) + "\n");
