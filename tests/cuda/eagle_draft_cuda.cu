@@ -37,6 +37,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -468,16 +469,19 @@ TEST_CASE("eagle draft kernels: rope_neox_rows and draft_attention equal their C
     }
   }
   // Attention: 3 slots, rows over committed prefixes and ancestor lists, GQA 6 heads / 2 groups,
-  // head_dim 40 and 256 (a lane's tail masked; the largest head).
-  for (int hd : {40, 256}) {
-    int const heads = 6, kvh = 2, slots = 3, L = 50, S = 7, rows = 5;
+  // head_dim 40 and 256 (a lane's tail masked; the largest head); cache lengths 50 (one block
+  // per row and head) and 700 (on sm_90 a cluster of blocks per row and head, each taking a
+  // range of the entries: draft_attention_split).
+  for (auto [L, hd] : {std::pair{50, 40}, std::pair{50, 256}, std::pair{700, 40},
+                       std::pair{700, 256}}) {
+    int const heads = 6, kvh = 2, slots = 3, S = 7, rows = 5;
     int64_t const W = int64_t(kvh) * hd, Q = int64_t(heads) * hd;
     std::vector<float> const k = specdec::testing::random_logits(rng, slots * L, W, 1.0f);
     std::vector<float> const v = specdec::testing::random_logits(rng, slots * L, W, 1.0f);
     std::vector<float> const sk = specdec::testing::random_logits(rng, slots * S, W, 1.0f);
     std::vector<float> const sv = specdec::testing::random_logits(rng, slots * S, W, 1.0f);
     std::vector<float> const q = specdec::testing::random_logits(rng, rows, Q + 3, 1.0f);
-    std::vector<int32_t> const slot{0, 2, 2, 1, 0}, committed{1, 50, 17, 3, 0};
+    std::vector<int32_t> const slot{0, 2, 2, 1, 0}, committed{1, L, 17, L - 47, 0};
     std::vector<int32_t> const anc_begin{0, 0, 1, 4, 5, 8}, anc{6, 0, 2, 5, 1, 3, 0, 6};
     DeviceBuffer<float> const dk = dev(k), dv = dev(v), dsk = dev(sk), dsv = dev(sv), dq = dev(q);
     DeviceBuffer<int32_t> const dslot = dev(slot), dcom = dev(committed), dab = dev(anc_begin),
@@ -536,8 +540,10 @@ TEST_CASE("eagle draft kernels: rope_neox_rows and draft_attention equal their C
     }
     d.add(got, want);
     // fp32 dot products of <= 256 terms and an online softmax against double: float rounding.
-    CHECK_MESSAGE(d.finite, "head_dim ", hd);
-    CHECK_MESSAGE(d.rel() <= 1e-5, "head_dim ", hd, ": attention max rel diff ", d.rel());
+    CHECK_MESSAGE(d.finite, "L ", L, " head_dim ", hd);
+    CHECK_MESSAGE(d.rel() <= 1e-5, "L ", L, " head_dim ", hd, ": attention max rel diff ", d.rel());
+    // The long cache is the split one (the launcher's rule, with clusters).
+    CHECK(ec::draft_attention_split(rows, heads, L + S, true) == (L == 700 ? 8 : 1));
   }
 }
 

@@ -86,6 +86,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -244,26 +245,38 @@ struct DraftAttentionParams {
   float* out = nullptr;  // [rows, heads * head_dim]
 };
 
-// One block per (row, head), kAttentionWarps warps striding over the visible entries: a warp
-// takes one entry at a time (lanes split head_dim, the dot product reduced over the warp) and
-// keeps an online softmax (running max, sum, output); the warps' states merge at the end.
-// 4 warps: a first choice, not tuned (no benchmark yet).
+// Blocks: one thread-block cluster of `split` blocks per (row, head) (split 1: one block), the
+// row's visible entries cut into `split` equal ranges, one per block. A block's kAttentionWarps
+// warps take kAttentionUnroll entries at a time each (lanes split head_dim, the dot products
+// reduced over the warp), so a warp has that many K and V rows in flight, and keep an online
+// softmax (running max, sum, output). The warps' states merge in the block, the blocks' states
+// in the cluster's rank 0 through distributed shared memory. A row's entries are a serial chain
+// of loads per warp, so a long context needs the split: at 1024 entries one block of 4 warps
+// made each warp wait on 256 dependent rounds of memory latency.
 constexpr int kAttentionWarps = 4;
 constexpr int kDimsPerLane = kDraftMaxHeadDim / 32;
+constexpr int kAttentionUnroll = 4;
+constexpr int kAttentionMaxSplit = 8;          // the portable cluster size
+constexpr int64_t kAttentionTargetBlocks = 1024;  // about 8 blocks per SM on an H200
+constexpr int64_t kAttentionMinEntries = 64;   // per block, before a row is split further
 
-static __global__ void __launch_bounds__(kAttentionWarps * 32)
-    draft_attention_kernel(__grid_constant__ DraftAttentionParams const p) {
+// kDims = dimensions per lane: head_dim <= 32 * kDims.
+template <int kDims>
+__global__ void __launch_bounds__(kAttentionWarps * 32)
+    draft_attention_kernel(__grid_constant__ DraftAttentionParams const p, int split) {
   __shared__ float s_max[kAttentionWarps], s_sum[kAttentionWarps];
-  __shared__ float s_out[kAttentionWarps][kDraftMaxHeadDim];
-  int const r = blockIdx.x, h = blockIdx.y;
+  __shared__ float s_out[kAttentionWarps][32 * kDims];
+  __shared__ float s_block_max, s_block_sum;
+  int const r = static_cast<int>(blockIdx.x) / split, rank = static_cast<int>(blockIdx.x) % split;
+  int const h = blockIdx.y;
   int const warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   int const hd = p.head_dim;
   int64_t const W = static_cast<int64_t>(p.kv_heads) * hd;
   int64_t const col = static_cast<int64_t>(h / (p.heads / p.kv_heads)) * hd;
   float const* qr = p.q + r * p.q_stride + static_cast<int64_t>(h) * hd;
-  float q[kDimsPerLane], acc[kDimsPerLane];
+  float q[kDims], acc[kDims];
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) {
+  for (int j = 0; j < kDims; ++j) {
     int const d = lane + 32 * j;
     q[j] = d < hd ? qr[d] : 0.0f;
     acc[j] = 0.0f;
@@ -271,27 +284,58 @@ static __global__ void __launch_bounds__(kAttentionWarps * 32)
   int64_t const slot = p.slot[r];
   int const committed = p.committed[r], a0 = p.anc_begin[r];
   int const total = committed + (p.anc_begin[r + 1] - a0);
+  int const per_block = (total + split - 1) / split;
+  int const begin = min(total, rank * per_block), end = min(total, begin + per_block);
   float m = -INFINITY, l = 0.0f;
-  for (int u = warp; u < total; u += kAttentionWarps) {
-    int64_t const row = u < committed ? slot * p.max_length + u
-                                      : slot * p.max_scratch + p.anc[a0 + (u - committed)];
-    float const* kr = (u < committed ? p.k : p.scratch_k) + row * W + col;
-    float const* vr = (u < committed ? p.v : p.scratch_v) + row * W + col;
-    float s = 0.0f;
+  for (int u0 = begin + warp * kAttentionUnroll; u0 < end;
+       u0 += kAttentionWarps * kAttentionUnroll) {
+    float kv[kAttentionUnroll][kDims], vv[kAttentionUnroll][kDims], s[kAttentionUnroll];
 #pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) {
-      int const d = lane + 32 * j;
-      if (d < hd) s += q[j] * kr[d];
+    for (int i = 0; i < kAttentionUnroll; ++i) {
+      int const u = u0 + i;
+      bool const live = u < end;
+      int64_t const row = !live           ? 0
+                          : u < committed ? slot * p.max_length + u
+                                          : slot * p.max_scratch + p.anc[a0 + (u - committed)];
+      float const* kr = (u < committed ? p.k : p.scratch_k) + row * W + col;
+      float const* vr = (u < committed ? p.v : p.scratch_v) + row * W + col;
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) {
+        int const d = lane + 32 * j;
+        bool const in = live && d < hd;
+        kv[i][j] = in ? kr[d] : 0.0f;
+        vv[i][j] = in ? vr[d] : 0.0f;
+      }
     }
-    s = warp_sum(s) * p.scale;
-    float const m_new = fmaxf(m, s);
-    float const keep = expf(m - m_new);  // 0 for the first entry (m = -inf)
-    float const e = expf(s - m_new);
-    l = l * keep + e;
 #pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) {
-      int const d = lane + 32 * j;
-      acc[j] = acc[j] * keep + (d < hd ? e * vr[d] : 0.0f);
+    for (int i = 0; i < kAttentionUnroll; ++i) {
+      s[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) s[i] += q[j] * kv[i][j];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kAttentionUnroll; ++i) {
+        s[i] += __shfl_xor_sync(0xffffffffu, s[i], offset);
+      }
+    }
+    float m_new = m;
+#pragma unroll
+    for (int i = 0; i < kAttentionUnroll; ++i) {
+      s[i] = u0 + i < end ? s[i] * p.scale : -INFINITY;
+      m_new = fmaxf(m_new, s[i]);
+    }
+    float const keep = expf(m - m_new);  // 0 for the first entries (m = -inf)
+    l *= keep;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) acc[j] *= keep;
+#pragma unroll
+    for (int i = 0; i < kAttentionUnroll; ++i) {
+      float const e = expf(s[i] - m_new);  // 0 past the end (s = -inf)
+      l += e;
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) acc[j] += e * vv[i][j];
     }
     m = m_new;
   }
@@ -300,38 +344,98 @@ static __global__ void __launch_bounds__(kAttentionWarps * 32)
     s_sum[warp] = l;
   }
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) {
-    int const d = lane + 32 * j;
-    if (d < hd) s_out[warp][d] = acc[j];
-  }
+  for (int j = 0; j < kDims; ++j) s_out[warp][lane + 32 * j] = acc[j];
   __syncthreads();
-  if (warp != 0) return;
-  float mm = -INFINITY;
-  for (int w = 0; w < kAttentionWarps; ++w) mm = fmaxf(mm, s_max[w]);
-  float sum = 0.0f;
-  float o[kDimsPerLane] = {};
-  for (int w = 0; w < kAttentionWarps; ++w) {
-    if (s_sum[w] == 0.0f) continue;  // a warp that saw no entry
-    float const c = expf(s_max[w] - mm);
-    sum += s_sum[w] * c;
+  // Warp 0 merges the block's warps into (mm, sum, o); its lanes keep their own dimensions.
+  float mm = -INFINITY, sum = 0.0f;
+  float o[kDims] = {};
+  if (warp == 0) {
+    for (int w = 0; w < kAttentionWarps; ++w) mm = fmaxf(mm, s_max[w]);
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      if (s_sum[w] == 0.0f) continue;  // a warp that saw no entry
+      float const c = expf(s_max[w] - mm);
+      sum += s_sum[w] * c;
 #pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) {
-      int const d = lane + 32 * j;
-      if (d < hd) o[j] += s_out[w][d] * c;
+      for (int j = 0; j < kDims; ++j) o[j] += s_out[w][lane + 32 * j] * c;
     }
   }
+  if (split > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __syncthreads();  // every warp has read s_out before warp 0 overwrites row 0 of it
+    if (warp == 0) {
+      if (lane == 0) {
+        s_block_max = mm;
+        s_block_sum = sum;
+      }
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) s_out[0][lane + 32 * j] = o[j];
+    }
+    cluster.sync();  // every block's state is written
+    if (rank == 0 && warp == 0) {
+      for (int b = 1; b < split; ++b) {
+        float const bsum = *cluster.map_shared_rank(&s_block_sum, b);
+        if (bsum == 0.0f) continue;  // a block whose range was empty
+        float const bmax = *cluster.map_shared_rank(&s_block_max, b);
+        float const* bout = cluster.map_shared_rank(&s_out[0][0], b);
+        float const mx = fmaxf(mm, bmax);
+        float const c_own = expf(mm - mx), c_other = expf(bmax - mx);
+        sum = sum * c_own + bsum * c_other;
+#pragma unroll
+        for (int j = 0; j < kDims; ++j) o[j] = o[j] * c_own + bout[lane + 32 * j] * c_other;
+        mm = mx;
+      }
+    }
+    cluster.sync();  // no block leaves while rank 0 still reads its shared memory
+#else
+    __trap();  // the launcher only splits rows on devices with clusters (sm_90+)
+#endif
+  }
+  if (rank != 0 || warp != 0) return;
   float* orow = p.out + static_cast<int64_t>(r) * p.heads * hd + static_cast<int64_t>(h) * hd;
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) {
+  for (int j = 0; j < kDims; ++j) {
     int const d = lane + 32 * j;
     if (d < hd) orow[d] = o[j] / sum;
   }
 }
 
+// Blocks per (row, head): powers of two up to kAttentionMaxSplit while the grid is small and
+// the longest visible range (max_entries = the cache's max_length + max_scratch) is long. Fixed
+// by the call's shape, not by its lengths, so a captured graph serves every length.
+inline int draft_attention_split(int64_t rows, int heads, int64_t max_entries, bool clusters) {
+  if (!clusters) return 1;
+  int split = 1;
+  while (split < kAttentionMaxSplit && rows * heads * split * 2 <= kAttentionTargetBlocks &&
+         max_entries >= kAttentionMinEntries * split * 2) {
+    split *= 2;
+  }
+  return split;
+}
+
 inline Status draft_attention(DraftAttentionParams const& p, cudaStream_t stream) {
   if (p.rows == 0) return Status::Ok();
-  dim3 const grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
-  draft_attention_kernel<<<grid, kAttentionWarps * 32, 0, stream>>>(p);
+  bool clusters = false;
+  SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
+  int const split =
+      draft_attention_split(p.rows, p.heads, p.max_length + p.max_scratch, clusters);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(p.rows * split), static_cast<unsigned>(p.heads));
+  config.blockDim = dim3(kAttentionWarps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = split > 1 ? 1 : 0;
+  if (p.head_dim <= 128) {
+    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, draft_attention_kernel<4>, p, split));
+  } else {
+    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, draft_attention_kernel<kDimsPerLane>, p, split));
+  }
   return cuda_launch_status("draft_attention");
 }
 
