@@ -27,7 +27,9 @@
 # step (not in all): specdec_bench_kimi_step, one forward step of the kimi-k2.5-1gpu preset (real
 # dimensions, 61 layers, 64 INT4 experts per layer: ~118 GB drawn on the GPU, one H200) at
 # --context 1024: decode at batch 1 / 8 / 32 and verify of chains and trees, each beside its floor
-# (bytes it must read / the copy bandwidth measured in the same run), with projected speedups; its
+# (bytes it must read / the copy bandwidth measured in the same run), with projected speedups;
+# then the speculative step through SpecEngine (a random Kimi-size EAGLE-3 draft, chain of 3,
+# against plain decoding, 32 tokens after a 1024-token prompt: each phase beside its floor); its
 # markdown tables go to the summary, its JSON to $OUT/kimi_step.json.
 # kimi1gpu (not in all): the kimi-k2.5-1gpu preset whole (init-random --config-only; generate
 # --random-weights draws its 118 GB on the GPU) with a random Kimi-size EAGLE-3 draft (layers
