@@ -623,7 +623,8 @@ Status no_tokenizer(std::string const& what) {
 
 int tokenize(int argc, char** argv) {
   std::string dir, input;
-  bool json = false, decode = false, chat = false;
+  [[maybe_unused]] bool json = false;  // read only where PCRE2 is found
+  bool decode = false, chat = false;
   for (Flags f(argc, argv); f.next();) {
     if (f.is("--tokenizer")) dir = f.value();
     else if (f.is("--input")) input = f.value();
@@ -675,7 +676,6 @@ int tokenize(int argc, char** argv) {
   std::printf("%s\n", line.c_str());
   return 0;
 #else
-  (void)json;  // the flags parse; nothing to print
   return finish(no_tokenizer("tokenize"));
 #endif
 }

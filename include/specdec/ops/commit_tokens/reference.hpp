@@ -2,8 +2,6 @@
 // kernel (kernel.cuh) runs the same per-request function, one thread per request.
 #pragma once
 
-#include <algorithm>
-
 #include "specdec/ops/commit_tokens/params.hpp"
 
 namespace specdec::ops {
