@@ -85,22 +85,48 @@ __device__ __forceinline__ void await_prior_kernels() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch when it is
-// on; the launch's status names `name`.
+// kernel<<<grid, block, smem, stream>>>(args...) with `attribute` when `use` (else none); the
+// launch's status names `name`.
 template <class... Params, class... Args>
-Status launch_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
-                     size_t smem, cudaStream_t stream, Args&&... args) {
+Status launch_with_attribute(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t stream, cudaLaunchAttribute attribute,
+                             bool use, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic_launch() ? 1 : 0;
+  config.attrs = &attribute;
+  config.numAttrs = use ? 1 : 0;
   return cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch when it is
+// on; the launch's status names `name`.
+template <class... Params, class... Args>
+Status launch_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                     size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  return launch_with_attribute(name, kernel, grid, block, smem, stream, attribute,
+                               programmatic_launch(), std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with blocks in thread-block clusters of
+// `cluster` along x (sm_90+; grid.x a multiple of it; 1: no cluster attribute, any device).
+// Clusters beyond the portable 8 need the kernel's NonPortableClusterSizeAllowed attribute,
+// which the caller sets. The launch's status names `name`.
+template <class... Params, class... Args>
+Status launch_cluster_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t stream, int cluster, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return launch_with_attribute(name, kernel, grid, block, smem, stream, attribute, cluster > 1,
+                               std::forward<Args>(args)...);
 }
 
 inline bool cuda_device_available() {

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    __syncthreads();  // every warp has read s_out before warp 0 overwrites row 0 of it
+    __syncthreads();  // the block's state goes into row 0 of s_out after the merge read it
     if (warp == 0) {
       if (lane == 0) {
         s_block_max = mm;
@@ -420,23 +420,11 @@ inline Status draft_attention(DraftAttentionParams const& p, cudaStream_t stream
   SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
   int const split =
       draft_attention_split(p.rows, p.heads, p.max_length + p.max_scratch, clusters);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows * split), static_cast<unsigned>(p.heads));
-  config.blockDim = dim3(kAttentionWarps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = split > 1 ? 1 : 0;
-  if (p.head_dim <= 128) {
-    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, draft_attention_kernel<4>, p, split));
-  } else {
-    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, draft_attention_kernel<kDimsPerLane>, p, split));
-  }
-  return cuda_launch_status("draft_attention");
+  dim3 const grid(static_cast<unsigned>(p.rows * split), static_cast<unsigned>(p.heads));
+  auto const kernel =
+      p.head_dim <= 128 ? draft_attention_kernel<4> : draft_attention_kernel<kDimsPerLane>;
+  return launch_cluster_kernel("draft_attention", kernel, grid, kAttentionWarps * 32, 0, stream,
+                               split, p, split);
 }
 
 // The metadata of proposal step `step` >= 1 when the proposal's tree lives on the device

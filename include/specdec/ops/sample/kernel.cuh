@@ -840,22 +840,11 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
     SPECDEC_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  cudaLaunchConfig_t launch = {};
-  launch.gridDim = dim3(static_cast<unsigned>(blocks));
-  launch.blockDim = dim3(kSampleThresholdThreads);
-  launch.dynamicSmemBytes = smem;
-  launch.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(split.blocks);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  launch.attrs = attribute;
-  launch.numAttrs = split.blocks > 1 ? 1 : 0;
-  SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&launch, kernel, logits, vocab, rows_per_request, config,
-                                      split, static_cast<SampleChunkPartial*>(workspace),
-                                      sample_min_keys(workspace, rows, vocab)));
-  return Status::Ok();
+  return launch_cluster_kernel("sample_row_thresholds_kernel", kernel,
+                               dim3(static_cast<unsigned>(blocks)), kSampleThresholdThreads, smem,
+                               stream, split.blocks, logits, vocab, rows_per_request, config,
+                               split, static_cast<SampleChunkPartial*>(workspace),
+                               sample_min_keys(workspace, rows, vocab));
 }
 
 

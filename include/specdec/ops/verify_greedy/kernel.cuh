@@ -225,22 +225,11 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
     return Status::InvalidArgument("verify_greedy: B*N = " + std::to_string(rows) +
                                    " rows exceed the grid limit");
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows * split));
-  config.blockDim = dim3(d::kArgmaxThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = split > 1 ? 1 : 0;
-  if (split > 1) {
-    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel<d::kSplitUnroll>, p, split));
-  } else {
-    SPECDEC_CUDA_TRY(cudaLaunchKernelEx(&config, d::verify_greedy_argmax_kernel<d::kRowUnroll>, p, split));
-  }
+  auto const argmax = split > 1 ? d::verify_greedy_argmax_kernel<d::kSplitUnroll>
+                                : d::verify_greedy_argmax_kernel<d::kRowUnroll>;
+  SPECDEC_RETURN_IF_ERROR(launch_cluster_kernel("verify_greedy_argmax_kernel", argmax,
+                                                dim3(static_cast<unsigned>(rows * split)),
+                                                d::kArgmaxThreads, 0, stream, split, p, split));
   d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
   return cuda_launch_status("verify_greedy_accept_kernel");
 }
