@@ -46,7 +46,8 @@ __global__ void fill_scales(uint16_t* p, size_t n, float base, uint32_t seed) {
 }
 
 // The 384 INT4 experts, kept for the whole process (deliberately never freed: 9.5 GB would be
-// reallocated by every repetition otherwise).
+// reallocated by every repetition otherwise). The packed words are uniform random bits, so they
+// stand for weights in the kernels' tiled order as they are (no conversion needed).
 struct KimiExperts {
   specdec::DeviceBuffer<int32_t> packed[3];  // gate, up, down: all experts, expert-major
   specdec::DeviceBuffer<uint16_t> scale[3];

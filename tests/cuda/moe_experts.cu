@@ -10,7 +10,9 @@
 // experts (tensor cores, bf16 operands) 1e-3 against the reference in its bf16_operands mode (an
 // h on the other side of a bf16 rounding boundary moves y by ~2^-9 of one of I terms) and
 // kInt4ExactTol against the exact reference (the bf16 rounding of x, the weights and h).
-// A CUDA-graph test captures one launch and replays it after x and ids change in place.
+// A CUDA-graph test captures one launch and replays it after x and ids change in place. The INT4
+// weights reach the kernels through the CUDA conversion to the tiled order, itself compared word
+// for word with the CPU's over shapes with partial chunks and Kimi-K2.5's matrices.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -73,9 +75,18 @@ void make_experts(testing::Rng& rng, Shape s, Experts* X) {
       for (auto& w : X->packed[m]) w = static_cast<int32_t>(static_cast<uint32_t>(rng()));
       std::uniform_real_distribution<float> u(0.5f, 1.5f);
       for (auto& v : X->scale[m]) v = float_to_bf16(u(rng) * sd / 4.6f);
-      X->d_packed[m] = DeviceBuffer<int32_t>(X->packed[m]);
+      // Uploaded row-major, then put in the kernels' tiled order on the device, one expert
+      // matrix at a time, as the model loader does.
+      DeviceBuffer<int32_t> const row_major(X->packed[m]);
+      X->d_packed[m] = DeviceBuffer<int32_t>(X->packed[m].size());
       X->d_scale[m] = DeviceBuffer<uint16_t>(X->scale[m]);
+      REQUIRE(row_major.valid());
       REQUIRE(X->d_packed[m].valid());
+      for (int64_t slot = 0; slot < E; ++slot) {
+        REQUIRE(moe_experts_tile_int4(CudaExecutor{}, row_major.data() + slot * words, R, C,
+                                      X->d_packed[m].data() + slot * words)
+                    .ok());
+      }
       REQUIRE(X->d_scale[m].valid());
       std::vector<int32_t const*> dp;
       std::vector<uint16_t const*> ds;
@@ -420,6 +431,27 @@ TEST_CASE("moe_experts: one captured launch replays after x and ids change in pl
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("moe_experts: the tiled order on the GPU matches the CPU's, word for word") {
+  testing::Rng rng(41);
+  // rows x cols: one band and one piece; partial last chunks of 1 and 3 pieces; Kimi-K2.5's
+  // gate / up (2048 x 7168) and down (7168 x 2048).
+  int64_t const shapes[][2] = {{16, 32}, {32, 160}, {48, 224}, {2048, 7168}, {7168, 2048}};
+  for (auto const& shape : shapes) {
+    int64_t const rows = shape[0], cols = shape[1], words = rows * cols / 8;
+    CAPTURE(rows);
+    CAPTURE(cols);
+    std::vector<int32_t> src(static_cast<size_t>(words)), want(src.size());
+    for (auto& v : src) v = static_cast<int32_t>(static_cast<uint32_t>(rng()));
+    REQUIRE(moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, cols, want.data()).ok());
+    DeviceBuffer<int32_t> const d_src(src);
+    DeviceBuffer<int32_t> d_dst(src.size());
+    REQUIRE(d_dst.valid());
+    REQUIRE(d_dst.fill_bytes(0xff).ok());
+    REQUIRE(moe_experts_tile_int4(CudaExecutor{}, d_src.data(), rows, cols, d_dst.data()).ok());
+    CHECK(d_dst.download() == want);
+  }
 }
 
 TEST_CASE("moe_experts: no tokens launches nothing") {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -352,6 +353,55 @@ TEST_CASE("moe_experts: validate names every bad input") {
   empty.y = nullptr;
   empty.w = MoeExpertWeights{};
   CHECK(moe_experts(CpuExecutor{}, empty).ok());
+}
+
+TEST_CASE("moe_experts: the INT4 tiled order, worked by hand") {
+  // 32 rows x 160 columns: 5 pieces per row, so each band has a full chunk (pieces 0-3) and a
+  // last chunk of one piece; 160 pieces in all.
+  int64_t const rows = 32, cols = 160;
+  struct At {
+    int64_t r, p, want;
+  };
+  At const cases[] = {
+      {0, 0, 0},    {0, 3, 3},    {1, 0, 4},     {2, 1, 9},     {15, 3, 63},  // band 0, chunk 0
+      {0, 4, 64},   {1, 4, 65},   {15, 4, 79},                                // its 1-piece chunk
+      {16, 0, 80},  {17, 2, 86},  {31, 3, 143},  {16, 4, 144},  {31, 4, 159}  // band 1
+  };
+  for (At const& a : cases) {
+    CAPTURE(a.r);
+    CAPTURE(a.p);
+    CHECK(moe_int4_tiled_piece(cols, a.r, a.p) == a.want);
+  }
+  // A permutation of the pieces for every shape the experts can have (up to partial chunks of
+  // 1, 2 and 3 pieces).
+  for (int64_t c : {32, 64, 96, 128, 160, 224, 256, 7168}) {
+    std::vector<int> seen(static_cast<size_t>(48 * (c / 32)), 0);
+    for (int64_t r = 0; r < 48; ++r) {
+      for (int64_t p = 0; p < c / 32; ++p) {
+        ++seen[static_cast<size_t>(moe_int4_tiled_piece(c, r, p))];
+      }
+    }
+    CAPTURE(c);
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  // The conversion moves whole pieces: word k of piece (r, p) lands as word k of its place.
+  std::vector<int32_t> src(static_cast<size_t>(rows * cols / 8)), dst(src.size(), -1);
+  std::iota(src.begin(), src.end(), 0);
+  REQUIRE(moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, cols, dst.data()).ok());
+  CHECK(dst[4 * 64 + 0] == 4 * (0 * 5 + 4) + 0);   // (0, 4) word 0
+  CHECK(dst[4 * 86 + 3] == 4 * (17 * 5 + 2) + 3);  // (17, 2) word 3
+  CHECK(dst[4 * 159 + 1] == 4 * (31 * 5 + 4) + 1);  // (31, 4) word 1
+
+  // Shapes without a tiled order, null and overlapping buffers are refused by name.
+  testing::check_error(moe_experts_tile_int4(CpuExecutor{}, src.data(), 24, cols, dst.data()),
+                       StatusCode::kInvalidArgument, {"24 x 160", "multiple of 16"});
+  testing::check_error(moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, 48, dst.data()),
+                       StatusCode::kInvalidArgument, {"32 x 48", "columns of 32"});
+  testing::check_error(moe_experts_tile_int4(CpuExecutor{}, nullptr, rows, cols, dst.data()),
+                       StatusCode::kInvalidArgument, {"src is null"});
+  testing::check_error(
+      moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, cols, src.data() + 8),
+      StatusCode::kInvalidArgument, {"overlap", "out of place"});
 }
 
 TEST_CASE("moe_experts: CUDA workspace size, layout and its refusal") {

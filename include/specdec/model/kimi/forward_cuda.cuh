@@ -337,6 +337,13 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
     int64_t cols, r0, r1, c0, c1;
   };
   std::vector<Fill> fills;
+  // An INT4 expert's packed matrix [rows, cols/8], put in ops::moe_experts' tiled order once
+  // copied or drawn.
+  struct Tiling {
+    int32_t* packed;
+    int64_t rows, cols;
+  };
+  std::vector<Tiling> tilings;
   Status missing = Status::Ok();  // a view without bytes and no draw for it
   auto draw_of = [&](TensorView const& v) -> RandomDraw const* {
     RandomDraw const* d = random ? random->draw(v.name) : nullptr;
@@ -568,6 +575,7 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
             uint16_t* ds = nullptr;
             block(pk, o_n, i_n / 8, r0, r1, c0 / 8, c1 / 8, &dp);
             block(sc, o_n, i_n / g, r0, r1, c0 / g, c1 / g, &ds);
+            if (carver.base) tilings.push_back({dp, r1 - r0, c1 - c0});
             t[2 * k].push_back(reinterpret_cast<uintptr_t>(dp));
             t[2 * k + 1].push_back(reinterpret_cast<uintptr_t>(ds));
           } else {
@@ -609,6 +617,23 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
   for (Fill const& f : fills) {
     SPECDEC_RETURN_IF_ERROR(
         fill_random_block(f.dst, f.draw, f.cols, f.r0, f.r1, f.c0, f.c1, nullptr).prefixed(fn));
+  }
+  if (!tilings.empty()) {  // in place, through a scratch copy of the largest matrix
+    int64_t words = 0;
+    for (Tiling const& t : tilings) words = std::max(words, t.rows * (t.cols / 8));
+    DeviceBuffer<int32_t> row_major(static_cast<size_t>(words));
+    if (row_major.data() == nullptr) {
+      return Status::CudaError(fn + "cudaMalloc of " + std::to_string(words * 4) +
+                               " bytes to tile the INT4 experts failed");
+    }
+    for (Tiling const& t : tilings) {
+      SPECDEC_CUDA_TRY(cudaMemcpyAsync(row_major.data(), t.packed,
+                                       static_cast<size_t>(t.rows * (t.cols / 8)) * 4,
+                                       cudaMemcpyDeviceToDevice, nullptr));
+      SPECDEC_RETURN_IF_ERROR(ops::moe_experts_tile_int4(CudaExecutor{nullptr}, row_major.data(),
+                                                         t.rows, t.cols, t.packed)
+                                  .prefixed(fn));
+    }
   }
   SPECDEC_CUDA_TRY(cudaDeviceSynchronize());
   cublasHandle_t h = nullptr;

@@ -21,12 +21,15 @@
 //      16-row tiles) over all of I, reading h, and writes out[a, j] for each assignment a.
 //   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads the 32 packed
 //   columns 32 q .. 32 q + 31 of its rows g and g + 8 of each of its two 16-row tiles (one
-//   128-bit load per row: 4 words), their scales (one per row when the group size is a power of
-//   two >= 32, else one per word) and the same 32 columns of token g's operand (4 x 128 bits);
-//   the next chunk's loads are issued before this chunk is used (two chunk buffers in registers).
-//   A lane past the reduction's end reads column 0 with scale 0, so it adds exactly 0.
-//   ptxas (nvcc 13, sm_90, -O3): 123 / 126 registers (gate_up / down), no spills; the per-word
-//   scale variant (narrow or non-power-of-two groups) spills 44 bytes in gate_up.
+//   128-bit load per row: 4 words; the packed words are in params.hpp's tiled order, so each of
+//   these loads reads 512 contiguous bytes per warp), their scales (row-major; one per row when
+//   the group size is a power of two >= 32, else one per word) and the same 32 columns of token
+//   g's operand (4 x 128 bits); the next chunk's loads are issued before this chunk is used
+//   (two chunk buffers in registers). A lane past the reduction's end reads the chunk's first
+//   piece with scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are
+//   multiples of 32).
+//   ptxas (nvcc 13, sm_90, -O3): 121 / 116 registers (gate_up / down; 128 / 128 with per-word
+//   scales, for narrow or non-power-of-two groups), no spills.
 //   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
 //   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
 //   the weight rounded to bf16 once. Fragments: any order of the reduction columns works if A
@@ -50,9 +53,11 @@
 //      per warp, writing out[a, j] for each assignment a.
 //   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] (+)= sum_k weights[t, k] * out[t*K + k,
 //      j..] in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
+//   tile_int4 (at load, not per step): a packed matrix into the tiled order, one thread per
+//      128-bit piece (reads coalesced, 16-byte writes scattered), out of place.
 // Every kernel is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
-// Rows of a block past the matrix's end are clamped for the loads and not written; on the bf16
-// path columns past the end (H or I not a multiple of the chunk) load zeros.
+// bf16 path: rows of a block past the matrix's end are clamped for the loads and not written;
+// columns past the end (H or I not a multiple of the chunk) load zeros.
 // Shapes: x [T, H], ids / weights [T, K], y [T, H], expert tables as params.hpp says, workspace
 // moe_experts_workspace_bytes(T, K, E, H, I) (device memory).
 #pragma once
@@ -442,10 +447,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   int const row0 = kGateUp ? blockIdx.x * kMmaTileRows
                            : (blockIdx.x * kMmaWarps + warp) * kDownRowsPerWarp;
   if (!kGateUp && row0 >= rows) return;  // no barrier below on this path
+  int const pieces = cols / 32;           // 128-bit pieces per packed row
 
-  // Tile m, row half h: the lane's first 128 bits of the packed row, and the scale row (rows
-  // past the end clamped).
-  uint4 const* packed[2][2];
+  // Tile m: its band of the tiled packed matrix (rows row0_m .. + 15), and the lane's scale
+  // rows g, g + 8 (row-major).
+  uint4 const* band[2];
   uint16_t const* scales[2][2];
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
@@ -453,28 +459,31 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
                                   : p.w.down_packed[e];
     uint16_t const* sbase = kGateUp ? (m == 0 ? p.w.gate_scale[e] : p.w.up_scale[e])
                                     : p.w.down_scale[e];
+    int const row_m = row0 + (kGateUp ? 0 : m * kMmaTileRows);
+    band[m] = reinterpret_cast<uint4 const*>(base) + static_cast<int64_t>(row_m) * pieces;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int const r = min(row0 + (kGateUp ? 0 : m * kMmaTileRows) + g + 8 * h, rows - 1);
-      packed[m][h] = reinterpret_cast<uint4 const*>(base + static_cast<int64_t>(r) * (cols / 8)) + q;
-      scales[m][h] = sbase + static_cast<int64_t>(r) * (cols / group);
+      scales[m][h] = sbase + static_cast<int64_t>(row_m + g + 8 * h) * (cols / group);
     }
   }
   int const nchunks = (cols + kMmaChunk - 1) / kMmaChunk;
   int const per_warp = kGateUp ? (nchunks + kMmaWarps - 1) / kMmaWarps : nchunks;
   int const ch0 = kGateUp ? min(nchunks, warp * per_warp) : 0;
   int const ch1 = min(nchunks, ch0 + per_warp);
-  // Loads without branches: a lane past the end reads column 0 and gets scale 0.
+  // Loads without branches: a lane past the end reads the chunk's first piece of its row and
+  // column 0 of the operand, with scale 0.
   auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
     int const col = ch * kMmaChunk + 32 * q;
     bool const in = col < cols;
     int const at = in ? col : 0;
-    int const vec = in ? ch * (kMmaChunk / 32) : -q;  // 128-bit steps from the lane's first
+    // The tiled order (params.hpp): the chunk's w pieces per row, row by row.
+    int const w = min(kMoeInt4ChunkPieces, pieces - ch * kMoeInt4ChunkPieces);
+    int const piece = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + g * w + (in ? q : 0);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        c.w[m][h] = __ldg(packed[m][h] + vec);
+        c.w[m][h] = __ldg(band[m] + piece + 8 * h * w);
 #pragma unroll
         for (int k = 0; k < kScales; ++k) {
           int const sc = at + 8 * k;
@@ -577,6 +586,17 @@ inline Status moe_experts_launch_int4(MoeExpertsParams const& p, Plan const& pla
                        stream, p, plan);
 }
 
+// ---- tile_int4: a packed matrix into the tiled order ----
+static __global__ void moe_experts_tile_int4_kernel(uint4 const* src, int64_t rows, int64_t cols,
+                                                    uint4* dst) {
+  await_prior_kernels();
+  int64_t const pieces = cols / 32, n = rows * pieces;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[moe_int4_tiled_piece(cols, i / pieces, i % pieces)] = src[i];
+  }
+}
+
 // ---- last: y = sum_k weights * out, in k order ----
 static __global__ void __launch_bounds__(kCombineThreads)
     moe_experts_combine_kernel(__grid_constant__ MoeExpertsParams const p,
@@ -620,6 +640,19 @@ inline Status moe_experts_launch_rows(MoeExpertsParams const& p, Plan const& pla
 }
 
 }  // namespace moe_experts_detail
+
+// dst = src [rows, cols/8] in the tiled order (validate_int4_tiling holds); both device memory,
+// 16-byte aligned.
+inline Status moe_experts_tile_int4_cuda(int32_t const* src, int64_t rows, int64_t cols,
+                                         int32_t* dst, cudaStream_t stream) {
+  int64_t const n = rows * (cols / 32);
+  if (n == 0) return Status::Ok();
+  auto const blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+  return launch_kernel("moe_experts_tile_int4_kernel",
+                       moe_experts_detail::moe_experts_tile_int4_kernel, blocks, 256, 0, stream,
+                       reinterpret_cast<uint4 const*>(src), rows, cols,
+                       reinterpret_cast<uint4*>(dst));
+}
 
 inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   namespace d = moe_experts_detail;

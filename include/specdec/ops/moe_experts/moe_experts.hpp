@@ -9,6 +9,10 @@
 //                                                  each expert's weights read once per launch,
 //                                                  no host sync, graph-capturable (an id outside
 //                                                  [0, E) contributes 0)
+//   ops::moe_experts_tile_int4(executor, src, rows, cols, dst)
+//                                                  an INT4 packed matrix [rows, cols/8],
+//                                                  row-major, into the tiled order the CUDA
+//                                                  kernels read (params.hpp), out of place
 #pragma once
 
 #include "specdec/core/executor.hpp"
@@ -27,11 +31,24 @@ inline Status moe_experts(CpuExecutor, MoeExpertsParams const& p) {
   return moe_experts_cpu(p);
 }
 
+inline Status moe_experts_tile_int4(CpuExecutor, int32_t const* src, int64_t rows, int64_t cols,
+                                    int32_t* dst) {
+  SPECDEC_RETURN_IF_ERROR(validate_int4_tiling(src, dst, rows, cols));
+  moe_experts_tile_int4_cpu(src, rows, cols, dst);
+  return Status::Ok();
+}
+
 #if defined(__CUDACC__)
 inline Status moe_experts(CudaExecutor e, MoeExpertsParams const& p) {
   SPECDEC_RETURN_IF_ERROR(validate(p));
   SPECDEC_RETURN_IF_ERROR(validate_cuda(p));
   return moe_experts_cuda(p, e.stream);
+}
+
+inline Status moe_experts_tile_int4(CudaExecutor e, int32_t const* src, int64_t rows,
+                                    int64_t cols, int32_t* dst) {
+  SPECDEC_RETURN_IF_ERROR(validate_int4_tiling(src, dst, rows, cols));
+  return moe_experts_tile_int4_cuda(src, rows, cols, dst, e.stream);
 }
 #endif
 

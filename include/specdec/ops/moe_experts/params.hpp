@@ -19,6 +19,18 @@
 //                         [E] -> bf16 [I, H/G]; down_packed [E] -> [H, I/8], down_scale [E] ->
 //                         [H, I/G]; W[n, k] = (nibble(n, k) - 8) * scale[n, k/G], nibble k of a
 //                         row in bits 4(k%8).. of word k/8, least significant first.
+//                         The CUDA executor reads the packed words in the TILED order below
+//                         (moe_experts_tile_int4 converts; the scales stay row-major); the CPU
+//                         reference reads them row-major.
+//
+// The tiled order of an INT4 packed matrix [rows, cols/8] (rows a multiple of 16, cols of 32):
+// a row is P = cols/32 pieces of 128 bits (32 nibbles); rows go in bands of 16 and a band in
+// chunks of 4 pieces (128 columns; the last chunk of a row holds w = min(4, P - 4c) pieces); a
+// chunk stores its 16 rows' pieces row by row. Piece p of row r goes to piece
+//   (r / 16) * 16 P + c * 64 + (r % 16) * w + p % 4,   c = p / 4,
+// so a band keeps its place and the 32 lanes of a warp that read 16-byte pieces of rows
+// g, g + 8 (lane = 4 g + q, piece 4c + q) read 512 contiguous bytes of DRAM per instruction,
+// where the row-major order has them read 8 separate 64-byte pieces.
 //
 // Contract (validate(), one for both executors; the last items are the kernel's):
 //   tokens >= 0, experts in [1, kMoeExpertsMaxExperts] (the grouping kernel counts experts in
@@ -47,6 +59,7 @@
 #include <cstdint>
 #include <string>
 
+#include "specdec/core/macros.hpp"
 #include "specdec/core/status.hpp"
 
 namespace specdec::ops {
@@ -66,6 +79,38 @@ struct MoeExpertWeights {
   int32_t const* const* down_packed = nullptr;  // INT4: [E] -> int32 [H, I/8]
   uint16_t const* const* down_scale = nullptr;  // INT4: [E] -> bf16 bits [H, I/G]
 };
+
+// ---- The INT4 packed matrices' tiled order (above) ----
+constexpr int kMoeInt4BandRows = 16;     // rows of a band
+constexpr int kMoeInt4ChunkPieces = 4;   // 128-bit pieces of a chunk (128 columns)
+
+// The tiled position of piece p (columns 32 p .. 32 p + 31) of row r, in 128-bit pieces.
+SPECDEC_HD inline int64_t moe_int4_tiled_piece(int64_t cols, int64_t r, int64_t p) {
+  int64_t const pieces = cols / 32, c = p / kMoeInt4ChunkPieces;
+  int64_t const w = pieces - c * kMoeInt4ChunkPieces < kMoeInt4ChunkPieces
+                        ? pieces - c * kMoeInt4ChunkPieces
+                        : kMoeInt4ChunkPieces;
+  return (r / kMoeInt4BandRows) * kMoeInt4BandRows * pieces +
+         c * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + (r % kMoeInt4BandRows) * w +
+         p % kMoeInt4ChunkPieces;
+}
+
+// The shape contract of the tiled order and of its conversion (src and dst distinct buffers).
+inline Status validate_int4_tiling(int32_t const* src, int32_t* dst, int64_t rows, int64_t cols) {
+  auto bad = [](std::string m) { return Status::InvalidArgument("moe_experts_tile_int4: " + m); };
+  if (rows < 0 || rows % kMoeInt4BandRows != 0 || cols < 0 || cols % 32 != 0) {
+    return bad("an INT4 matrix of " + std::to_string(rows) + " x " + std::to_string(cols) +
+               " has no tiled order: rows must be a multiple of 16 and columns of 32 (as the "
+               "experts' hidden and inter are)");
+  }
+  if (rows * cols == 0) return Status::Ok();
+  if (!src || !dst) return bad(std::string(!src ? "src" : "dst") + " is null");
+  int64_t const words = rows * (cols / 8);
+  if (src < dst + words && dst < src + words) {
+    return bad("src and dst overlap: the conversion is out of place");
+  }
+  return Status::Ok();
+}
 
 struct MoeExpertsParams {
   float const* x = nullptr;        // [T, H] float

@@ -64,6 +64,19 @@ inline void round_to_bf16(std::vector<float>* v) {
 
 }  // namespace moe_experts_ref
 
+// dst = src [rows, cols/8] (row-major) in the tiled order of params.hpp: plain loops over the
+// pieces. The oracle of the CUDA conversion; validate_int4_tiling holds.
+inline void moe_experts_tile_int4_cpu(int32_t const* src, int64_t rows, int64_t cols,
+                                      int32_t* dst) {
+  int64_t const pieces = cols / 32;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t p = 0; p < pieces; ++p) {
+      int64_t const to = moe_int4_tiled_piece(cols, r, p);
+      for (int k = 0; k < 4; ++k) dst[to * 4 + k] = src[(r * pieces + p) * 4 + k];
+    }
+  }
+}
+
 inline Status moe_experts_cpu(MoeExpertsParams const& p, bool bf16_operands = false) {
   int64_t const T = p.tokens, H = p.hidden, I = p.inter, E = p.experts, K = p.top_k;
   int64_t const N = T * K;
