@@ -373,6 +373,8 @@ constexpr int kMmaChunk = 128;                 // columns per warp pass: 4 quad 
 constexpr int kMmaTileRows = 16;               // rows of an A tile (mma M)
 constexpr int kMmaTokens = 8;                  // tokens per pass (mma N)
 constexpr int kDownRowsPerWarp = 2 * kMmaTileRows;
+static_assert(kMmaTileRows == kMoeInt4BandRows && kMmaChunk == 32 * kMoeInt4ChunkPieces,
+              "an mma tile's rows are a band of the tiled order, a warp pass is one of its chunks");
 
 // Index of column c in the word order of 2. (0 4 1 5 2 6 3 7 within each 8 columns).
 __device__ __forceinline__ int word_order(int c) {

@@ -105,8 +105,9 @@ inline Status validate_int4_tiling(int32_t const* src, int32_t* dst, int64_t row
   }
   if (rows * cols == 0) return Status::Ok();
   if (!src || !dst) return bad(std::string(!src ? "src" : "dst") + " is null");
-  int64_t const words = rows * (cols / 8);
-  if (src < dst + words && dst < src + words) {
+  auto const s = reinterpret_cast<uintptr_t>(src), d = reinterpret_cast<uintptr_t>(dst);
+  auto const bytes = static_cast<uintptr_t>(rows * (cols / 8)) * sizeof(int32_t);
+  if (s < d + bytes && d < s + bytes) {
     return bad("src and dst overlap: the conversion is out of place");
   }
   return Status::Ok();
