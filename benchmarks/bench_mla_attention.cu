@@ -5,10 +5,10 @@
 // into separate copies of the cache, up to one per captured launch: 20) until the rows read over
 // the rotation exceed 200 MB; B 1 at 1024 slots still reads only 47 MB over 20 sets, about the
 // H200's L2, so that row is partly served from L2.
-// Floors to compare with: HBM, bytes at the measured copy rate (RESULTS.md: 3.99 TB/s); fp32 FMA,
-// B * ctx * 64 * (576 + 512) FMA (counter fma_per_second) at the H200's ~33.5 T FMA/s (132 SMs x
-// 128 lanes x 1.98 GHz). The kernel does every FMA on the CUDA cores, so at 64 heads the FMA floor
-// (about 4x the HBM one) is the binding one.
+// Floor to compare with: HBM, bytes at the measured copy rate (RESULTS.md). Counter
+// fma_per_second: the B * ctx * 64 * (576 + 512) products of the scores and the context per
+// second. The kernel forms each as three bf16 tensor-core products (split operands), so the fp32
+// FMA rate (~33.5 T/s on the H200) no longer bounds it as it bound the CUDA-core kernel before.
 #include <algorithm>
 #include <cstdint>
 #include <vector>

@@ -1,7 +1,8 @@
 // mla_attention CUDA kernels vs the CPU reference, every output within 1e-4 of its (token, head)
-// row's largest magnitude, over heads {1, 3, 16, 64} (head groups of 8 and 16, padded groups),
-// c / r {512 / 64 (Kimi-K2.5), 32 / 16, 16 / 8}, page_size {1, 16, 64} with pages handed out in
-// turns between the requests from a shuffled pool (non-contiguous page tables): decode (B up to 64,
+// row's largest magnitude, over heads {1, 3, 16, 64} (groups of 16 heads, padded groups),
+// c / r {512 / 64 (Kimi-K2.5), 32 / 16, 16 / 8, 20 / 4, 28 / 0} (c and W not multiples of 16),
+// page_size {1, 16, 64} with pages handed out in turns between the requests from a shuffled pool
+// (non-contiguous page tables): decode (B up to 64,
 // ragged contexts 1..5000 slots), causal prefill (several tokens per request, tokens in request
 // order or shuffled), tree verify (random trees of up to 64 nodes, 2 mask words), max_slots equal
 // to or well above what is needed; both the split (workspace + combine) and the direct path.
@@ -223,6 +224,9 @@ TEST_CASE("mla_attention: GPU equals the CPU reference (decode, prefill, tree ve
       {"decode 1 head kimi",      1, 512, 64,  1, Mode::kDecode,  64,  1, 5000,     0, 0.07f, false},
       {"decode batch 1",         64,  32, 16, 64, Mode::kDecode,   1,  1, 5000,     0, 0.3f,  false},
       {"decode one slot",        16,  16,  8, 16, Mode::kDecode,   1,  1,    1,     0, 0.5f,  false},
+      {"decode 8 heads kimi",     8, 512, 64, 64, Mode::kDecode,   2,  1, 1024,     0, 0.07f, false},
+      {"decode c20 r4",          64,  20,  4, 16, Mode::kDecode,   8,  1, 3000,     0, 0.3f,  false},
+      {"decode c28 r0",          17,  28,  0,  1, Mode::kDecode,   8,  1, 3000,    40, 0.3f,  false},
       {"prefill kimi",           16, 512, 64, 16, Mode::kPrefill,  3, 40,  500,     0, 0.07f, false},
       {"prefill direct",         64,  32, 16,  1, Mode::kPrefill,  4, 70,  300,     0, 0.3f,  false},
       {"prefill shuffled",        3,  16,  8, 64, Mode::kPrefill,  5, 100, 2000,   64, 0.5f,  true},

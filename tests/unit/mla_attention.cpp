@@ -386,10 +386,10 @@ TEST_CASE("mla_attention: shape refusals name the field and the numbers") {
   // The CUDA path's workspace and alignment (checked on the host, so testable here).
   MlaAttentionParams cuda = good;
   cuda.max_slots = 5000;  // 88 chunks of a token's slots: a workspace is needed
-  CHECK(mla_attention_workspace_bytes(3, 2, 16, 5000) == size_t{3} * 88 * 8 * 18 * sizeof(float));
+  CHECK(mla_attention_workspace_bytes(3, 2, 16, 5000) == size_t{3} * 88 * 16 * 18 * sizeof(float));
   testing::check_error(validate_cuda(cuda), StatusCode::kInvalidArgument,
                        {"workspace of 0 bytes <", "mla_attention_workspace_bytes"});
-  alignas(16) static float ws[1 << 16];
+  alignas(16) static float ws[1 << 17];
   cuda.workspace = ws;
   cuda.workspace_bytes = sizeof(ws);
   CHECK(validate_cuda(cuda).ok());
@@ -445,9 +445,9 @@ TEST_CASE("mla_attention: the CUDA plan and its workspace") {
   CHECK(plan.chunks == 66);
   // Short max_slots: never more chunks than tiles.
   CHECK(mla_attention_plan(1, 64, 40).chunks == 2);
-  // TP-sharded heads: groups of 8.
+  // TP-sharded heads: one group of 16, padded.
   plan = mla_attention_plan(8, 8, 4096);
-  CHECK(plan.group == 8);
+  CHECK(plan.group == 16);
   CHECK(plan.groups == 1);
   CHECK(plan.chunks == 33);
   // Enough blocks without a split: no workspace.

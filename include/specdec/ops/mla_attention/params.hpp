@@ -23,11 +23,12 @@
 // A token with no visible slot gets zeros.
 //
 // Precision: the reference (reference.hpp) takes every dot product and the softmax in double and
-// rounds the output to float: the oracle. The CUDA kernel works in float: q is multiplied by scale
-// in float, each score is one fp32 dot product of W terms (summed in a fixed order), max-subtracted
-// expf, and fp32 accumulation over slots in tiles, chunk partials merged in a fixed order; it
-// agrees with the reference to a few 1e-6 of each (token, head) row's largest magnitude (the GPU
-// test allows 1e-4).
+// rounds the output to float: the oracle. The CUDA kernel multiplies q by scale in float, splits q,
+// the cache rows and the probabilities into bf16 pairs hi + lo and forms every product as three
+// bf16 tensor-core products with fp32 accumulation (about 16 bits of mantissa per product, the
+// scores summed in a fixed order over k-steps and warps), uses max-subtracted expf and merges
+// chunk partials in a fixed order; it agrees with the reference to about 1e-5 of each (token,
+// head) row's largest magnitude (the GPU test allows 1e-4).
 // The summation order depends on (T, heads, max_slots) only, never on the data: a rerun of the
 // same call is bit-identical; the same token in a batch of a different size may round differently.
 //
@@ -54,14 +55,16 @@
 
 namespace specdec::ops {
 
-// c <= 512: 128 column threads x 4 floats hold a head group's context (kernel.cuh).
+// c <= 512: 8 warps x 64 columns hold a head group's context (kernel.cuh).
 constexpr int kMlaAttentionMaxLatent = 512;
-// W <= 640: a head group of q plus two tiles of rows in shared memory (211 KB at the limit).
+// W <= 640: a staged fp32 tile and its bf16 split in shared memory (182 KB at the limit).
 constexpr int kMlaAttentionMaxWidth = 640;
+// Heads per CUDA block: the tensor-core mma's 16 rows (fewer heads pad the group with zeros).
+constexpr int kMlaAttentionGroup = 16;
 // Slots per shared-memory tile (one lane per slot in the kernel's softmax).
 constexpr int kMlaAttentionTile = 32;
 // Blocks the CUDA kernel aims for (the split of each token's slots into chunks): 2 waves of one
-// 190 KB block per multiprocessor on the H200's 132.
+// 167 KB block (W = 576) per multiprocessor on the H200's 132.
 constexpr int kMlaAttentionTargetBlocks = 264;
 
 struct MlaAttentionParams {
@@ -88,7 +91,7 @@ struct MlaAttentionParams {
   size_t workspace_bytes = 0;              //   c, max_slots) bytes, 16-byte aligned
 };
 
-// How the CUDA kernel cuts the work: heads in groups of `group` (8 when heads <= 8, else 16),
+// How the CUDA kernel cuts the work: heads in groups of `group` (kMlaAttentionGroup),
 // each token's candidate slots split into `chunks` (<= ceil(max_slots / tile)) so that
 // T * groups * chunks reaches kMlaAttentionTargetBlocks; one block per (token, group, chunk).
 // A token with n candidate slots gives each chunk max(tile, roundup(ceil(n / chunks), tile))
@@ -96,14 +99,14 @@ struct MlaAttentionParams {
 // chunks == 1: blocks write out directly; otherwise chunk partials go to the workspace and a
 // combine kernel merges them.
 struct MlaAttentionPlan {
-  int group = 16;
+  int group = kMlaAttentionGroup;
   int groups = 1;
   int chunks = 1;
 };
 
 inline MlaAttentionPlan mla_attention_plan(int tokens, int heads, int max_slots) {
   MlaAttentionPlan plan;
-  plan.group = heads <= 8 ? 8 : 16;
+  plan.group = kMlaAttentionGroup;
   plan.groups = heads < 1 ? 1 : (heads + plan.group - 1) / plan.group;
   int64_t const rows = static_cast<int64_t>(tokens < 1 ? 1 : tokens) * plan.groups;
   int64_t const splits =
@@ -133,7 +136,8 @@ inline size_t mla_attention_workspace_bytes(int tokens, int heads, int c, int ma
 // (c = 512: 17.4 MB). One allocation of this size serves every captured shape.
 inline size_t mla_attention_workspace_bound_bytes(int c) {
   if (c < 1) return 0;
-  return size_t{2} * kMlaAttentionTargetBlocks * 16 * (static_cast<size_t>(c) + 2) * sizeof(float);
+  return size_t{2} * kMlaAttentionTargetBlocks * kMlaAttentionGroup * (static_cast<size_t>(c) + 2) *
+         sizeof(float);
 }
 
 inline Status validate(MlaAttentionParams const& p) {
