@@ -9,7 +9,8 @@
 # (ctest -L gpu; SPECDEC_CTEST_REGEX narrows them) and the op benchmarks (--bench-filter). SPECDEC_NCU="BENCH_FILTER::KERNEL_REGEX"
 # adds Nsight Compute (--clock-control none) on the first launch of the kernels matching
 # KERNEL_REGEX in the benchmarks matching BENCH_FILTER (ncu.txt in the logs, its headline figures
-# in the summary; SPECDEC_NCU_EXTRA adds ncu arguments, e.g. --metrics for stall reasons);
+# in the summary; SPECDEC_NCU_EXTRA adds ncu arguments, e.g. --metrics for stall reasons;
+# SPECDEC_NCU_COUNT profiles that many matching launches, default 1);
 # SPECDEC_SASS=REGEX counts the SASS opcodes of the kernels whose names match.
 # engine: specdec_bench_engine (the engine end to end on the tiny repeating and random targets,
 # CPU and CUDA executors: NONE against n-gram chains, speedup measured in the same process).
@@ -298,7 +299,8 @@ if wants ops && [ -n "${SPECDEC_SASS:-}" ]; then
 fi
 if wants ops && [ -n "${SPECDEC_NCU:-}" ]; then
   ncu_bench=${SPECDEC_NCU%%::*} ncu_kernel=${SPECDEC_NCU##*::}
-  timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" --launch-count 1 \
+  timeout 240 ncu --clock-control none --kernel-name "regex:$ncu_kernel" \
+    --launch-count "${SPECDEC_NCU_COUNT:-1}" \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
     --section SchedulerStats ${SPECDEC_NCU_EXTRA:-} $build/benchmarks/specdec_bench_ops \
     --benchmark_filter="$ncu_bench" > "$logs/ncu.txt" 2>&1 || echo "ncu: exit $?" >> "$summary"
