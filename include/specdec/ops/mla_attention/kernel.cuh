@@ -1,7 +1,7 @@
-// mla_attention CUDA kernels: flash-decoding over the paged latent cache on tensor cores (params.hpp
-// has the rule, the shapes and the plan). All heads of a token read the same cache rows (MQA in
-// latent space), so one block serves a group of kGroup = 16 heads (the mma's M; rows past the last
-// head are zeros) of one token over one chunk of its candidate slots:
+// mla_attention CUDA kernels: flash-decoding over the paged latent cache on tensor cores
+// (params.hpp has the rule, the shapes and the plan). All heads of a token read the same cache
+// rows (MQA in latent space), so one block serves a group of kGroup = 16 heads (the mma's M; rows
+// past the last head are zeros) of one token over one chunk of its candidate slots:
 //   grid  T * groups * chunks blocks of 256 threads (8 warps); block id = (t * chunks + chunk) *
 //         groups + g, so the groups of one chunk run side by side and share the rows in L2
 //   operands  fp32 q and cache rows are split into bf16 pairs hi + lo (core/warp.cuh
@@ -114,7 +114,9 @@ __device__ __forceinline__ void cp_async_wait_all() {
 
 __device__ __forceinline__ float warp_max_f(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
   return v;
 }
 
@@ -325,7 +327,8 @@ static __global__ void __launch_bounds__(kThreads, 1)
         for (int x = 0; x < 4; ++x) sacc[n][x] = 0.0f;
       }
       // ldmatrix rows: lane l -> slot (l / 16) * 8 + l % 8 (+ 16 for the second half), column
-      // k0 + ((l / 8) % 2) * 8: matrices (slots 0-7, k lo), (0-7, k hi), (8-15, k lo), (8-15, k hi).
+      // k0 + ((l / 8) % 2) * 8: matrices (slots 0-7, k lo), (0-7, k hi), (8-15, k lo),
+      // (8-15, k hi).
       int const lrow = (lane >> 4) * 8 + (lane & 7), lcol = ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int i = 0; i < kWarpKSteps; ++i) {
@@ -392,8 +395,9 @@ static __global__ void __launch_bounds__(kThreads, 1)
         acc[n][2] *= a_hi;
         acc[n][3] *= a_hi;
       }
-      // ldmatrix.trans rows: lane l -> slot k0 + l % 8 + ((l / 8) % 2) * 8, column n0 + (l / 16) * 8:
-      // matrices (k lo, n-tile 0), (k hi, n-tile 0), (k lo, n-tile 1), (k hi, n-tile 1).
+      // ldmatrix.trans rows: lane l -> slot k0 + l % 8 + ((l / 8) % 2) * 8, column
+      // n0 + (l / 16) * 8: matrices (k lo, n-tile 0), (k hi, n-tile 0), (k lo, n-tile 1),
+      // (k hi, n-tile 1).
       int const vrow = (lane & 7) + ((lane >> 3) & 1) * 8, vcol = (lane >> 4) * 8;
 #pragma unroll
       for (int ks = 0; ks < kTile / 16; ++ks) {
