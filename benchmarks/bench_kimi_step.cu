@@ -44,8 +44,13 @@
 // accept_length x t(plain step) / t(chain step), the draft included.
 // Output: the configuration, weight generation time and model.weight_bytes, then markdown tables
 // on stdout (also --markdown FILE) and every number as JSON (--json FILE).
+// --profile-decode B runs none of that: after warm-up calls, one eager decode of batch B between
+// cudaProfilerStart and cudaProfilerStop, then exits (scripts/profile_step.sh: a per-kernel time
+// table of the whole forward from ncu).
 //   specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S]
 //                           [--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE]
+//                           [--profile-decode B]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -101,6 +106,7 @@ struct Options {
   uint64_t seed = 1;
   int spec_tokens = 32;  // tokens each engine run generates (0: no speculative step)
   int spec_runs = 3;     // timed engine runs of each policy (after one untimed)
+  int profile_decode = 0;  // > 0: profile one eager decode of this batch and exit
   std::string json_path, markdown_path;
 };
 
@@ -120,7 +126,7 @@ void require(Status const& s, char const* what) {
 
 constexpr char kUsage[] =
     "usage: specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S] "
-    "[--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE]\n";
+    "[--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE] [--profile-decode B]\n";
 
 [[noreturn]] void usage(char const* problem) {
   std::fprintf(stderr, "specdec_bench_kimi_step: %s\n%s", problem, kUsage);
@@ -162,6 +168,8 @@ Options parse_flags(int argc, char** argv) {
       o.spec_tokens = static_cast<int>(integer(i, 0, 4096));
     } else if (a == "--spec-runs") {
       o.spec_runs = static_cast<int>(integer(i, 1, 1000));
+    } else if (a == "--profile-decode") {
+      o.profile_decode = static_cast<int>(integer(i, 1, kMaxBatch));
     } else if (a == "--json") {
       o.json_path = text(i);
     } else if (a == "--markdown") {
@@ -367,46 +375,65 @@ struct StepResult {
   double experts_per_layer = 0, bytes = 0, floor_ms = 0;
 };
 
+// One step's inputs (random tokens; verify positions context + depth and ancestor-or-self
+// masks) and its forward on requests 0.. of `cache` (each holding `context` committed slots).
+class StepCall {
+ public:
+  StepCall(StepShape const& shape, kimi::KimiCudaModel& model, kimi::KimiCudaCache& cache,
+           int context, specdec::testing::Rng& rng, cudaStream_t stream)
+      : shape_(shape), model_(model), cache_(cache), context_(context), exec_{stream} {
+    int64_t const V = model.config.vocab_size;
+    for (int b = 0; b < shape.batch; ++b) ids_.push_back(b);
+    // Token ids uniform in [0, V) (tests/support/kimi_model.hpp's random_tokens, which a binary
+    // without doctest cannot include).
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(V - 1));
+    tokens_.resize(static_cast<size_t>(shape.tokens()));
+    for (int32_t& t : tokens_) t = token(rng);
+    if (!shape.verify) return;
+    int const words = specdec::mask_words(shape.nodes);
+    mask_.assign(static_cast<size_t>(shape.nodes * words), 0u);
+    for (int i = 0; i < shape.nodes; ++i) {
+      specdec::ops::tree_write_mask_row(shape.parents.data(), i, words,
+                                        mask_.data() + static_cast<size_t>(i * words));
+      positions_.push_back(context + specdec::ops::tree_node_depth(shape.parents.data(), i));
+    }
+  }
+  void forward() {
+    if (shape_.verify) {
+      require(kimi::kimi_verify(exec_, model_, &cache_.table, ids_, shape_.nodes, tokens_,
+                                positions_, mask_, {}, &out_, kimi::LogitsMode::kFull),
+              shape_.name.c_str());
+    } else {
+      require(kimi::kimi_decode(exec_, model_, &cache_.table, ids_, tokens_, {}, &out_,
+                                kimi::LogitsMode::kFull),
+              shape_.name.c_str());
+    }
+  }
+  // Decode appended a slot, verify staged its nodes: truncating to the context undoes either.
+  void back_to_context() {
+    for (kimi::RequestId id : ids_) {
+      require(cache_.table.truncate(id, context_), "MlaCache::truncate");
+    }
+  }
+
+ private:
+  StepShape const& shape_;
+  kimi::KimiCudaModel& model_;
+  kimi::KimiCudaCache& cache_;
+  int context_;
+  specdec::CudaExecutor exec_;
+  std::vector<kimi::RequestId> ids_;
+  std::vector<int32_t> tokens_, positions_;
+  std::vector<uint32_t> mask_;
+  kimi::CudaForwardOutput out_;
+};
+
 // Runs `shape` on requests 0.. of `cache` (each holding `context` committed slots), `reps` times.
 StepResult run_step(StepShape const& shape, kimi::KimiCudaModel& model, kimi::KimiCudaCache& cache,
                     int context, int reps, specdec::testing::Rng& rng, cudaStream_t stream) {
-  int64_t const V = model.config.vocab_size;
-  std::vector<kimi::RequestId> ids(static_cast<size_t>(shape.batch));
-  for (int b = 0; b < shape.batch; ++b) ids[static_cast<size_t>(b)] = b;
-  // Token ids uniform in [0, V) (tests/support/kimi_model.hpp's random_tokens, which a binary
-  // without doctest cannot include).
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(V - 1));
-  std::vector<int32_t> tokens(static_cast<size_t>(shape.tokens()));
-  for (int32_t& t : tokens) t = token(rng);
-  // Verify rows: positions context + depth, ancestor-or-self masks.
-  int const words = specdec::mask_words(shape.nodes);
-  std::vector<int32_t> positions;
-  std::vector<uint32_t> mask;
-  if (shape.verify) {
-    mask.assign(static_cast<size_t>(shape.nodes * words), 0u);
-    for (int i = 0; i < shape.nodes; ++i) {
-      specdec::ops::tree_write_mask_row(shape.parents.data(), i, words,
-                                        mask.data() + static_cast<size_t>(i * words));
-      positions.push_back(context + specdec::ops::tree_node_depth(shape.parents.data(), i));
-    }
-  }
-  kimi::CudaForwardOutput out;
-  specdec::CudaExecutor const exec{stream};
-  auto forward = [&] {
-    if (shape.verify) {
-      require(kimi::kimi_verify(exec, model, &cache.table, ids, shape.nodes, tokens, positions,
-                                mask, {}, &out, kimi::LogitsMode::kFull),
-              shape.name.c_str());
-    } else {
-      require(kimi::kimi_decode(exec, model, &cache.table, ids, tokens, {}, &out,
-                                kimi::LogitsMode::kFull),
-              shape.name.c_str());
-    }
-  };
-  // Decode appended a slot, verify staged its nodes: truncating to the context undoes either.
-  auto back_to_context = [&] {
-    for (kimi::RequestId id : ids) require(cache.table.truncate(id, context), "MlaCache::truncate");
-  };
+  StepCall call(shape, model, cache, context, rng, stream);
+  auto forward = [&] { call.forward(); };
+  auto back_to_context = [&] { call.back_to_context(); };
   StepResult r;
   r.shape = shape;
   model.graphs.set_capacity(0);
@@ -425,6 +452,26 @@ StepResult run_step(StepShape const& shape, kimi::KimiCudaModel& model, kimi::Ki
   specdec::set_programmatic_launch(true);
   r.cache_rows = int64_t{shape.batch} * (context + shape.nodes);
   return r;
+}
+
+// --profile-decode B: kWarmupCalls eager decodes of batch B, then one more between
+// cudaProfilerStart and cudaProfilerStop, for a profiler started with profiling off (ncu
+// --profile-from-start off): every kernel of one whole forward, launched by the host.
+void profile_decode(int batch, kimi::KimiCudaModel& model, kimi::KimiCudaCache& cache,
+                    int context, specdec::testing::Rng& rng, cudaStream_t stream) {
+  StepShape const shape = decode_shape(batch);
+  StepCall call(shape, model, cache, context, rng, stream);
+  model.graphs.set_capacity(0);
+  for (int i = 0; i <= kWarmupCalls; ++i) {
+    bool const profiled = i == kWarmupCalls;
+    if (profiled) check_cuda(cudaProfilerStart(), "cudaProfilerStart");
+    call.forward();
+    check_cuda(cudaStreamSynchronize(stream), shape.name.c_str());
+    if (profiled) check_cuda(cudaProfilerStop(), "cudaProfilerStop");
+    call.back_to_context();
+  }
+  std::printf("profiled: one eager %s forward between cudaProfilerStart and cudaProfilerStop\n",
+              shape.name.c_str());
 }
 
 // ---- The speculative step through SpecEngine ----
@@ -936,12 +983,17 @@ int main(int argc, char** argv) {
   check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   std::printf("GPU memory: %.2f GB free of %.2f GB\n", free_bytes * 1e-9, total_bytes * 1e-9);
 
+  specdec::testing::Rng rng(o.seed);
+  if (o.profile_decode > 0) {
+    profile_decode(o.profile_decode, model, cache, o.context, rng, stream);
+    check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
+    return 0;
+  }
   std::vector<StepShape> shapes = {decode_shape(1), decode_shape(8), decode_shape(32)};
   for (int n : {2, 4, 8, 16}) shapes.push_back(verify_shape(n, 1));
   shapes.push_back(verify_shape(16, 4));
   shapes.push_back(verify_shape(32, 4));
   shapes.push_back(verify_shape(64, 8));
-  specdec::testing::Rng rng(o.seed);
   std::vector<StepResult> steps;
   for (StepShape const& shape : shapes) {
     StepResult r = run_step(shape, model, cache, o.context, o.reps, rng, stream);

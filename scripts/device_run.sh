@@ -4,7 +4,8 @@
 # the op benchmarks and the engine benchmark. Logs go to a scratch folder; $OUT (default ./device-out) receives only
 # results.md (the short table), summary.txt, the parity fixtures and logs.tar.gz, since a call
 # brings back few files.
-#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|kimi1gpu|step|ops]... [--bench-filter REGEX]
+#   scripts/device_run.sh [all|tests|parity|bench|engine|tp|kimi|kimi1gpu|step|profile|ops]...
+#                         [--bench-filter REGEX]
 # ops (not in all): builds the CUDA tests and the op benchmarks alone, runs the GPU tests
 # (ctest -L gpu; SPECDEC_CTEST_REGEX narrows them) and the op benchmarks (--bench-filter). SPECDEC_NCU="BENCH_FILTER::KERNEL_REGEX"
 # adds Nsight Compute (--clock-control none) on the first launch of the kernels matching
@@ -44,7 +45,11 @@
 # same tokens required; accept length and both decode rates -> $OUT/demo_eval_cuda.json; then
 # specdec-kimi bench --device cuda --batch 1,4 (the drafting plan across them) ->
 # $OUT/demo_bench_cuda.json and $OUT/demo_bench_cuda_b{1,4}.png.
-# kimi, kimi1gpu, step and demo alone (in any mix) build only their binaries.
+# profile (not in all): Nsight Compute over one eager decode at batch 1 of the step's model
+# (specdec_bench_kimi_step --profile-decode 1): every kernel of the forward timed alone
+# (gpu__time_duration, clocks and caches as they run), grouped by kernel and grid by
+# scripts/kernel_profile.py into $OUT/profile_decode.md (per MoE layer: / 60).
+# kimi, kimi1gpu, step, profile and demo alone (in any mix) build only their binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on the shared multi-GPU hosts (the machines set it; so does this).
@@ -54,8 +59,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --bench-filter) filter=$2; shift 2 ;;
     all) stages+=(tests parity bench engine tp); shift ;;
-    tests|parity|bench|engine|tp|kimi|kimi1gpu|step|demo|ops) stages+=("$1"); shift ;;
-    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step demo ops; --bench-filter REGEX)" >&2; exit 2 ;;
+    tests|parity|bench|engine|tp|kimi|kimi1gpu|step|profile|demo|ops) stages+=("$1"); shift ;;
+    *) echo "device_run.sh: unknown argument '$1' (stages: all tests parity bench engine tp kimi kimi1gpu step profile demo ops; --bench-filter REGEX)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(tests parity bench engine)
@@ -65,7 +70,7 @@ only_targets=()
 for stage in "${stages[@]}"; do
   case $stage in
     kimi|kimi1gpu|demo) only_targets+=(specdec-kimi) ;;
-    step) only_targets+=(specdec_bench_kimi_step) ;;
+    step|profile) only_targets+=(specdec_bench_kimi_step) ;;
     ops) only_targets+=(specdec_cuda_tests specdec_bench_ops) ;;
     *) only_targets=(); break ;;
   esac
@@ -195,6 +200,20 @@ if wants step; then
     cp "$logs/kimi_step.json" "$OUT/"
   else
     { echo "--- step FAILED ($?)"; tail -20 "$logs/kimi_step.txt"; } >> "$summary"; status=1
+  fi
+fi
+if wants profile; then
+  if timeout 400 ncu --profile-from-start off --clock-control none --cache-control none \
+       --metrics gpu__time_duration.sum --csv --print-units base \
+       $build/benchmarks/specdec_bench_kimi_step --profile-decode 1 --spec-tokens 0 --reps 1 \
+       > "$logs/profile.csv" 2> "$logs/profile.err" &&
+     python3 scripts/kernel_profile.py "$logs/profile.csv" --layers 60 \
+       --title "One eager decode at batch 1, kimi-k2.5-1gpu, context 1024 (ncu)" \
+       > "$OUT/profile_decode.md"; then
+    { echo "--- profile"; cat "$OUT/profile_decode.md"; } >> "$summary"
+  else
+    { echo "--- profile FAILED"; tail -20 "$logs/profile.err"; tail -5 "$logs/profile.csv"; } >> "$summary"
+    status=1
   fi
 fi
 if wants kimi1gpu; then
