@@ -87,9 +87,8 @@ constexpr int kMoeInt4ChunkPieces = 4;   // 128-bit pieces of a chunk (128 colum
 // The tiled position of piece p (columns 32 p .. 32 p + 31) of row r, in 128-bit pieces.
 SPECDEC_HD inline int64_t moe_int4_tiled_piece(int64_t cols, int64_t r, int64_t p) {
   int64_t const pieces = cols / 32, c = p / kMoeInt4ChunkPieces;
-  int64_t const w = pieces - c * kMoeInt4ChunkPieces < kMoeInt4ChunkPieces
-                        ? pieces - c * kMoeInt4ChunkPieces
-                        : kMoeInt4ChunkPieces;
+  int64_t const left = pieces - c * kMoeInt4ChunkPieces;  // pieces from chunk c to the row's end
+  int64_t const w = left < kMoeInt4ChunkPieces ? left : kMoeInt4ChunkPieces;
   return (r / kMoeInt4BandRows) * kMoeInt4BandRows * pieces +
          c * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + (r % kMoeInt4BandRows) * w +
          p % kMoeInt4ChunkPieces;
