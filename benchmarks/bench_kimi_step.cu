@@ -45,8 +45,8 @@
 // Output: the configuration, weight generation time and model.weight_bytes, then markdown tables
 // on stdout (also --markdown FILE) and every number as JSON (--json FILE).
 // --profile-decode B runs none of that: after warm-up calls, one eager decode of batch B between
-// cudaProfilerStart and cudaProfilerStop, then exits (scripts/profile_step.sh: a per-kernel time
-// table of the whole forward from ncu).
+// cudaProfilerStart and cudaProfilerStop, then exits (scripts/device_run.sh profile: a per-kernel
+// time table of the whole forward from ncu, scripts/kernel_profile.py).
 //   specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S]
 //                           [--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE]
 //                           [--profile-decode B]
@@ -104,8 +104,8 @@ struct Options {
   int context = 1024;
   int reps = 20;
   uint64_t seed = 1;
-  int spec_tokens = 32;  // tokens each engine run generates (0: no speculative step)
-  int spec_runs = 3;     // timed engine runs of each policy (after one untimed)
+  int spec_tokens = 32;    // tokens each engine run generates (0: no speculative step)
+  int spec_runs = 3;       // timed engine runs of each policy (after one untimed)
   int profile_decode = 0;  // > 0: profile one eager decode of this batch and exit
   std::string json_path, markdown_path;
 };
