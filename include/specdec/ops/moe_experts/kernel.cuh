@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
     bool const in = col < cols;
     int const at = in ? col : 0;
     // The tiled order (params.hpp): the chunk's w pieces per row, row by row.
-    int const w = min(kMoeInt4ChunkPieces, pieces - ch * kMoeInt4ChunkPieces);
+    int const w = moe_int4_chunk_width(pieces, ch);
     int const piece = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + g * w + (in ? q : 0);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {

@@ -84,11 +84,16 @@ struct MoeExpertWeights {
 constexpr int kMoeInt4BandRows = 16;     // rows of a band
 constexpr int kMoeInt4ChunkPieces = 4;   // 128-bit pieces of a chunk (128 columns)
 
+// Pieces per row of chunk c in a row of `pieces` pieces: 4, or fewer for the last chunk.
+SPECDEC_HD inline int moe_int4_chunk_width(int64_t pieces, int64_t c) {
+  int64_t const left = pieces - c * kMoeInt4ChunkPieces;  // pieces from chunk c to the row's end
+  return static_cast<int>(left < kMoeInt4ChunkPieces ? left : kMoeInt4ChunkPieces);
+}
+
 // The tiled position of piece p (columns 32 p .. 32 p + 31) of row r, in 128-bit pieces.
 SPECDEC_HD inline int64_t moe_int4_tiled_piece(int64_t cols, int64_t r, int64_t p) {
   int64_t const pieces = cols / 32, c = p / kMoeInt4ChunkPieces;
-  int64_t const left = pieces - c * kMoeInt4ChunkPieces;  // pieces from chunk c to the row's end
-  int64_t const w = left < kMoeInt4ChunkPieces ? left : kMoeInt4ChunkPieces;
+  int64_t const w = moe_int4_chunk_width(pieces, c);
   return (r / kMoeInt4BandRows) * kMoeInt4BandRows * pieces +
          c * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + (r % kMoeInt4BandRows) * w +
          p % kMoeInt4ChunkPieces;
