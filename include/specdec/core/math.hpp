@@ -1,6 +1,7 @@
 // Small arithmetic helpers shared by the CPU references and the CUDA kernels.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -11,6 +12,22 @@ namespace specdec {
 template <class T>
 SPECDEC_HD constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;
+}
+
+// The model's element rules, one definition for the CPU references and the kernels that apply
+// them (model/kimi's norms and SwiGLU):
+//   rms_inverse(ss, n, eps)  1 / sqrt(ss / n + eps): RMSNorm's scale of a row of n values whose
+//                            squares sum (in double) to ss
+//   rms_scaled(x, w, inv)    weight * (x * inv) in double, rounded to float: RMSNorm's value
+//   silu_times(g, u)         silu(g) (in double, rounded to float) * u: SwiGLU's value
+SPECDEC_HD inline double rms_inverse(double ss, int64_t n, double eps) {
+  return 1.0 / sqrt(ss / static_cast<double>(n) + eps);
+}
+SPECDEC_HD inline float rms_scaled(float x, float weight, double inv) {
+  return static_cast<float>(static_cast<double>(weight) * (static_cast<double>(x) * inv));
+}
+SPECDEC_HD inline float silu_times(float g, float u) {
+  return static_cast<float>(g / (1.0 + exp(-static_cast<double>(g)))) * u;
 }
 
 // Maps a float to an unsigned key whose unsigned order is the float's total order

@@ -277,7 +277,7 @@ inline Status cpu_all_reduce(KimiCpuModel const& m, CpuMatrix* part) {
 inline CpuMatrix cpu_swiglu(CpuMlpWeights const& w, CpuMatrix const& x) {
   CpuMatrix g = x * w.gate_proj.transpose();
   CpuMatrix const u = x * w.up_proj.transpose();
-  g = g.unaryExpr([](float v) { return silu(v); }).cwiseProduct(u);
+  g = g.binaryExpr(u, [](float a, float b) { return silu_times(a, b); });
   return g * w.down_proj.transpose();
 }
 

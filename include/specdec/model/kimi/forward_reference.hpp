@@ -87,10 +87,8 @@ inline Status rms_norm_reference(std::span<float const> x, std::span<float const
   if (!(eps > 0.0)) return Status::InvalidArgument("rms_norm_reference: eps must be > 0");
   double ss = 0.0;
   for (float v : x) ss += static_cast<double>(v) * v;
-  double const inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
-  for (size_t j = 0; j < x.size(); ++j) {
-    out[j] = static_cast<float>(static_cast<double>(weight[j]) * (x[j] * inv));
-  }
+  double const inv = rms_inverse(ss, static_cast<int64_t>(x.size()), eps);
+  for (size_t j = 0; j < x.size(); ++j) out[j] = rms_scaled(x[j], weight[j], inv);
   return Status::Ok();
 }
 
@@ -307,8 +305,6 @@ inline void matvec(std::vector<float> const& W, int64_t out, int64_t in, float c
   }
 }
 
-inline float silu(float v) { return static_cast<float>(v / (1.0 + std::exp(-static_cast<double>(v)))); }
-
 // A SwiGLU MLP as floats.
 struct FloatMlp {
   int64_t inter = 0, hidden = 0;
@@ -325,7 +321,7 @@ struct FloatMlp {
     std::vector<float> g(static_cast<size_t>(inter)), u(static_cast<size_t>(inter));
     matvec(gate, inter, hidden, x, g.data());
     matvec(up, inter, hidden, x, u.data());
-    for (int64_t k = 0; k < inter; ++k) g[k] = silu(g[k]) * u[k];
+    for (int64_t k = 0; k < inter; ++k) g[k] = silu_times(g[k], u[k]);
     matvec(down, hidden, inter, g.data(), y);
   }
 };

@@ -61,11 +61,10 @@ inline Status embed_rows(uint16_t const* table, int32_t const* tokens, int64_t T
                        stream, table, tokens, H, x);
 }
 
-// out = weight * (x * inv) in double, rounded to float; written as fp32 and / or bf16.
+// out = rms_scaled(x, weight, inv) (core/math.hpp); written as fp32 and / or bf16.
 __device__ __forceinline__ void rms_norm_store(float xj, uint16_t wj, double inv, float* yr,
                                                uint16_t* br, int j) {
-  float const y = static_cast<float>(static_cast<double>(bf16_to_float(wj)) *
-                                     (static_cast<double>(xj) * inv));
+  float const y = rms_scaled(xj, bf16_to_float(wj), inv);
   if (yr) yr[j] = y;
   if (br) br[j] = float_to_bf16(y);
 }
@@ -98,7 +97,7 @@ __device__ __forceinline__ void rms_norm_row(float const* __restrict__ xr,
   __syncthreads();
   double total = 0.0;
   for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  double const inv = 1.0 / sqrt(total / n + eps);
+  double const inv = rms_inverse(total, n, eps);
   if (cached) {
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
@@ -157,9 +156,7 @@ static __global__ void silu_mul_bf16_kernel(float const* __restrict__ g, float c
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   int64_t const at = (i / cols) * stride + i % cols;
-  float const v = g[at];
-  float const s = static_cast<float>(v / (1.0 + exp(-static_cast<double>(v))));
-  h[i] = float_to_bf16(s * u[at]);
+  h[i] = float_to_bf16(silu_times(g[at], u[at]));
 }
 
 inline Status silu_mul_bf16(float const* g, float const* u, int64_t rows, int64_t cols,
