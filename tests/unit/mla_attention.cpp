@@ -443,11 +443,13 @@ TEST_CASE("mla_attention: the CUDA plan and its workspace") {
   CHECK(plan.group == 16);
   CHECK(plan.groups == 4);
   CHECK(plan.chunks == 66);
-  // Verify of 4 tokens: 17 chunks (272 blocks, rounded up); of 16 tokens: 4 (256, rounded down
-  // from 5); of 64: no split (256 blocks, rounded down from 2).
-  CHECK(mla_attention_plan(4, 64, 131072).chunks == 17);
-  CHECK(mla_attention_plan(16, 64, 131072).chunks == 4);
-  CHECK(mla_attention_plan(64, 64, 131072).chunks == 1);
+  // Verify of 4 tokens at context ~1024 (max_slots 1280: 40 tiles): 17 chunks of 3 tiles (272
+  // blocks, rounded up); at context ~8192, long chunks: 16 (256 blocks, rounded down). Of 16
+  // tokens: 4 (rounded down from 5 chunks of 8 tiles); of 64: no split (from 2).
+  CHECK(mla_attention_plan(4, 64, 1280).chunks == 17);
+  CHECK(mla_attention_plan(4, 64, 8448).chunks == 16);
+  CHECK(mla_attention_plan(16, 64, 1280).chunks == 4);
+  CHECK(mla_attention_plan(64, 64, 1280).chunks == 1);
   // Short max_slots: never more chunks than tiles.
   CHECK(mla_attention_plan(1, 64, 40).chunks == 2);
   // TP-sharded heads: one group of 16, padded.
@@ -468,8 +470,11 @@ TEST_CASE("mla_attention: the CUDA plan and its workspace") {
               mla_attention_workspace_bound_bytes(512));
         MlaAttentionPlan const pl = mla_attention_plan(tokens, heads, max_slots);
         CHECK(pl.chunks >= 1);
-        CHECK((pl.chunks > kMlaAttentionRoundDownChunks || pl.chunks == 1 ||
-               int64_t{tokens} * pl.groups * pl.chunks <= kMlaAttentionTargetBlocks));
+        // Past the target only unsplit or with short chunks.
+        int64_t const tiles = (int64_t{max_slots} + kMlaAttentionTile - 1) / kMlaAttentionTile;
+        int64_t const blocks = int64_t{tokens} * pl.groups * pl.chunks;
+        CHECK((pl.chunks == 1 || blocks <= kMlaAttentionTargetBlocks ||
+               (tiles + pl.chunks - 1) / pl.chunks < kMlaAttentionLongChunkTiles));
         CHECK(int64_t{pl.chunks} * kMlaAttentionTile < int64_t{max_slots} + kMlaAttentionTile);
       }
     }

@@ -67,11 +67,13 @@ constexpr int kMlaAttentionTile = 32;
 // Blocks the CUDA kernel aims for (the split of each token's slots into chunks): 2 waves of one
 // 167 KB block (W = 576) per multiprocessor on the H200's 132.
 constexpr int kMlaAttentionTargetBlocks = 264;
-// Splits into at most this many chunks round the block count down (mla_attention_plan). Measured
-// on Kimi's 64 heads at context 1024 (benchmarks/RESULTS.md): rounding down took a verify of 16
-// tokens from 5 to 4 chunks (-1.1 ms per step) and one of 64 from 2 to 1 (-2.7 ms), but a verify
-// of 4 from 17 to 16 (+0.34 ms: 11 chunks of 3 tiles used instead of 17 of 2).
-constexpr int kMlaAttentionRoundDownChunks = 5;
+// A split whose chunks would hold at least this many tiles of max_slots rounds the block count
+// down (mla_attention_plan). Measured on Kimi's 64 heads (benchmarks/RESULTS.md): rounding down
+// took a verify of 16 tokens at context 1024 from 5 chunks of 8 tiles to 4 (-1.1 ms per step),
+// one of 64 from 2 to 1 (-2.7 ms) and the op at 8 tokens and context 8192 from 9 to 8 (-22%), but
+// a verify of 4 at context 1024 from 17 chunks of 3 tiles to 16 (+0.34 ms: 11 of 3 tiles used,
+// where 17 of 2 left the blocks past two waves as the tokens' short last chunks).
+constexpr int kMlaAttentionLongChunkTiles = 4;
 
 struct MlaAttentionParams {
   float const* q = nullptr;                // [T, heads, W] float
@@ -99,10 +101,10 @@ struct MlaAttentionParams {
 
 // How the CUDA kernel cuts the work: heads in groups of `group` (kMlaAttentionGroup),
 // each token's candidate slots split into `chunks` (<= ceil(max_slots / tile)) so that
-// T * groups * chunks is about kMlaAttentionTargetBlocks: rounded up while that takes more than
-// kMlaAttentionRoundDownChunks chunks (the blocks past two waves are then the tokens' short last
-// chunks), rounded down from there (each block is long, and a third wave of a few of them a
-// whole round longer); one block per (token, group, chunk).
+// T * groups * chunks is about kMlaAttentionTargetBlocks: rounded down where the chunks would be
+// long (kMlaAttentionLongChunkTiles tiles or more of max_slots: a third wave of a few such blocks
+// is a whole long round), else rounded up (the blocks past two waves are then the tokens' short
+// last chunks); one block per (token, group, chunk).
 // A token with n candidate slots gives each chunk max(tile, roundup(ceil(n / chunks), tile))
 // slots (computed on the device from n, so short contexts still spread over all chunks).
 // chunks == 1: blocks write out directly; otherwise chunk partials go to the workspace and a
@@ -118,11 +120,11 @@ inline MlaAttentionPlan mla_attention_plan(int tokens, int heads, int max_slots)
   plan.group = kMlaAttentionGroup;
   plan.groups = heads < 1 ? 1 : (heads + plan.group - 1) / plan.group;
   int64_t const rows = static_cast<int64_t>(tokens < 1 ? 1 : tokens) * plan.groups;
-  int64_t const up = (kMlaAttentionTargetBlocks + rows - 1) / rows;
-  int64_t const down = std::max<int64_t>(1, kMlaAttentionTargetBlocks / rows);
-  int64_t const splits = up > kMlaAttentionRoundDownChunks ? up : down;
   int64_t const tiles = max_slots < 1 ? 1 : (int64_t{max_slots} + kMlaAttentionTile - 1) /
                                                 kMlaAttentionTile;
+  int64_t const up = (kMlaAttentionTargetBlocks + rows - 1) / rows;
+  int64_t const down = std::max<int64_t>(1, kMlaAttentionTargetBlocks / rows);
+  int64_t const splits = (tiles + up - 1) / up >= kMlaAttentionLongChunkTiles ? down : up;
   plan.chunks = static_cast<int>(splits < tiles ? splits : tiles);
   return plan;
 }
