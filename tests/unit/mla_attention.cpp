@@ -471,10 +471,10 @@ TEST_CASE("mla_attention: the CUDA plan and its workspace") {
         MlaAttentionPlan const pl = mla_attention_plan(tokens, heads, max_slots);
         CHECK(pl.chunks >= 1);
         // Past the target only unsplit or with short chunks.
-        int64_t const tiles = (int64_t{max_slots} + kMlaAttentionTile - 1) / kMlaAttentionTile;
+        int64_t const tiles = ceil_div<int64_t>(max_slots, kMlaAttentionTile);
         int64_t const blocks = int64_t{tokens} * pl.groups * pl.chunks;
         CHECK((pl.chunks == 1 || blocks <= kMlaAttentionTargetBlocks ||
-               (tiles + pl.chunks - 1) / pl.chunks < kMlaAttentionLongChunkTiles));
+               ceil_div<int64_t>(tiles, pl.chunks) < kMlaAttentionLongChunkTiles));
         CHECK(int64_t{pl.chunks} * kMlaAttentionTile < int64_t{max_slots} + kMlaAttentionTile);
       }
     }

@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <string>
 
+#include "specdec/core/math.hpp"
 #include "specdec/core/status.hpp"
 
 namespace specdec::ops {
@@ -120,12 +121,11 @@ inline MlaAttentionPlan mla_attention_plan(int tokens, int heads, int max_slots)
   plan.group = kMlaAttentionGroup;
   plan.groups = heads < 1 ? 1 : (heads + plan.group - 1) / plan.group;
   int64_t const rows = static_cast<int64_t>(tokens < 1 ? 1 : tokens) * plan.groups;
-  int64_t const tiles = max_slots < 1 ? 1 : (int64_t{max_slots} + kMlaAttentionTile - 1) /
-                                                kMlaAttentionTile;
-  int64_t const up = (kMlaAttentionTargetBlocks + rows - 1) / rows;
+  int64_t const tiles = max_slots < 1 ? 1 : ceil_div<int64_t>(max_slots, kMlaAttentionTile);
+  int64_t const up = ceil_div<int64_t>(kMlaAttentionTargetBlocks, rows);
   int64_t const down = std::max<int64_t>(1, kMlaAttentionTargetBlocks / rows);
-  int64_t const splits = (tiles + up - 1) / up >= kMlaAttentionLongChunkTiles ? down : up;
-  plan.chunks = static_cast<int>(splits < tiles ? splits : tiles);
+  int64_t const splits = ceil_div(tiles, up) >= kMlaAttentionLongChunkTiles ? down : up;
+  plan.chunks = static_cast<int>(std::min(splits, tiles));
   return plan;
 }
 
