@@ -79,7 +79,8 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
   testing::Rng rng(2024);
   for (Size s : sizes) {
     for (float t : temps) {
-      for (int variant = 0; variant < 4; ++variant) {  // plain, top_p 0.9, top_k 50, both
+      // plain, top_p 0.9, top_k 50, both; 4: no top-k / top-p arrays (no threshold launch)
+      for (int variant = 0; variant < 5; ++variant) {
         int const B = s.batch, V = s.vocab;
         Host h;
         h.logits = testing::random_logits(rng, B, V);
@@ -93,7 +94,9 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
         if (B > 2) h.temperature[1] = 0.0f;  // greedy requests mixed in
         h.tokens.assign(B, -2);
         h.status.assign(B, -2);
+        bool const arrays = variant < 4;
         auto hp = h.params(B, V);
+        if (!arrays) hp.config.top_k = nullptr, hp.config.top_p = nullptr;
         REQUIRE(sample(CpuExecutor{}, hp).ok());
         DeviceBuffer<float> logits(h.logits), temperature(h.temperature), top_p(h.top_p);
         DeviceBuffer<int32_t> top_k(h.top_k), tokens(B), status(B);
@@ -103,6 +106,7 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
         REQUIRE(status.fill_bytes(0xff).ok());
         SampleParams dp{logits.data(), B, V, {temperature.data(), top_k.data(), top_p.data()},
                         {seed.data(), step.data(), nullptr}, tokens.data(), status.data()};
+        if (!arrays) dp.config.top_k = nullptr, dp.config.top_p = nullptr;
         auto const workspace = attach_workspace(dp);
         REQUIRE(sample(CudaExecutor{}, dp).ok());
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
