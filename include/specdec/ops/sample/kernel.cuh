@@ -15,7 +15,8 @@
 //      first pass's bins also give the kept mass); then every chunk's kept mass about its
 //      maximum, and the row's threshold key;
 //   3. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
-//      argmax), picks the chunk holding u * mass and scans that chunk alone.
+//      argmax), picks the chunk holding u * mass and scans that chunk alone. Launches 1 and 3 use
+//      programmatic dependent launch: 3's blocks are in place when the partials are done.
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
@@ -419,12 +420,14 @@ constexpr int kChunkThreads = kSampleChunk / 16;
 
 // Block i of rows * chunks: row i / chunks (request row / rows_per_request), chunk i % chunks.
 // Rows of requests with top-k / top-p (sample_row_thresholds_kernel's) or with invalid settings
-// are left unwritten.
+// are left unwritten. Launched with programmatic dependent launch (core/cuda.cuh), it lets the
+// next kernel's blocks launch as soon as its own have all started.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     sample_chunk_partials_kernel(float const* logits, int vocab, int rows_per_request,
                                  SamplingConfig const config, SampleChunkPartial* partials) {
   static_assert(kThreads * 16 == kSampleChunk, "16 logits per thread");
+  await_prior_kernels();
   int const chunks = sample_chunks(vocab);
   int64_t const row = blockIdx.x / chunks;
   int const chunk = static_cast<int>(blockIdx.x % chunks);
@@ -436,23 +439,24 @@ __global__ void __launch_bounds__(kThreads)
   }
   int const lo = chunk * kSampleChunk, n = min(kSampleChunk, vocab - lo);
   float const* x = logits + row * vocab + lo;
+  // A full, 16-byte aligned chunk is read as float4 (thread t: quads t, t + kThreads, ...),
+  // otherwise element by element (t, t + kThreads, ...); idx(i) is value i's place in the chunk
+  // (computed, not held: 32 registers rather than 64).
+  int const t = threadIdx.x;
+  bool const quads = n == kSampleChunk && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+  auto idx = [&](int i) {
+    return quads ? 4 * (t + (i >> 2) * kThreads) + (i & 3) : t + i * kThreads;
+  };
   float vals[16];
-  int idx[16];
-  if (n == kSampleChunk && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+  if (quads) {
     SPECDEC_UNROLL
     for (int i = 0; i < 4; ++i) {
-      int const j = static_cast<int>(threadIdx.x) + i * kThreads;
-      float4 const q = __ldg(reinterpret_cast<float4 const*>(x) + j);
+      float4 const q = __ldg(reinterpret_cast<float4 const*>(x) + t + i * kThreads);
       vals[4 * i] = q.x, vals[4 * i + 1] = q.y, vals[4 * i + 2] = q.z, vals[4 * i + 3] = q.w;
-      SPECDEC_UNROLL
-      for (int k = 0; k < 4; ++k) idx[4 * i + k] = 4 * j + k;
     }
   } else {
     SPECDEC_UNROLL
-    for (int i = 0; i < 16; ++i) {
-      idx[i] = static_cast<int>(threadIdx.x) + i * kThreads;
-      vals[i] = idx[i] < n ? __ldg(x + idx[i]) : -INFINITY;
-    }
+    for (int i = 0; i < 16; ++i) vals[i] = idx(i) < n ? __ldg(x + idx(i)) : -INFINITY;
   }
   __shared__ uint64_t best_of_warp[kThreads / 32];
   __shared__ float mass_of_warp[kThreads / 32];
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t best = 0;
   SPECDEC_UNROLL
   for (int i = 0; i < 16; ++i) {
-    if (idx[i] < n) best = max(best, pack_value_index(vals[i], lo + idx[i]));
+    if (idx(i) < n) best = max(best, pack_value_index(vals[i], lo + idx(i)));
   }
   best = warp_max_u64(best);
   if (lane == 0) best_of_warp[warp] = best;
@@ -473,7 +477,7 @@ __global__ void __launch_bounds__(kThreads)
     float const max_z = unpack_value(best) * inv_t;
     if (max_z > -INFINITY) {
       SPECDEC_UNROLL
-      for (int i = 0; i < 16; ++i) mass += idx[i] < n ? sample_exp(vals[i] * inv_t - max_z) : 0.0f;
+      for (int i = 0; i < 16; ++i) mass += idx(i) < n ? sample_exp(vals[i] * inv_t - max_z) : 0.0f;
     }
     mass = warp_sum(mass);
     if (lane == 0) mass_of_warp[warp] = mass;
@@ -498,9 +502,10 @@ inline Status launch_sample_chunk_partials(float const* logits, int64_t rows, in
     return Status::InvalidArgument("sample: " + std::to_string(rows) + " rows of vocab " +
                                    std::to_string(vocab) + " exceed one launch's blocks");
   }
-  sample_chunk_partials_kernel<kChunkThreads><<<static_cast<unsigned>(blocks), kChunkThreads, 0, stream>>>(
-      logits, vocab, rows_per_request, config, static_cast<SampleChunkPartial*>(workspace));
-  return cuda_launch_status("sample_chunk_partials_kernel");
+  return launch_kernel("sample_chunk_partials_kernel", sample_chunk_partials_kernel<kChunkThreads>,
+                       dim3(static_cast<unsigned>(blocks)), kChunkThreads, 0, stream, logits,
+                       vocab, rows_per_request, config,
+                       static_cast<SampleChunkPartial*>(workspace));
 }
 
 namespace sample_detail {
@@ -904,10 +909,12 @@ __device__ inline int32_t block_row_sample(float const* row, int vocab, SampleCh
 }  // namespace sample_detail
 
 // A template (on the block size, which must be kSampleThreads) so the kernel has inline linkage
-// and the header can be included by several translation units.
+// and the header can be included by several translation units. Launched with programmatic
+// dependent launch, its blocks wait for the kernels before.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ SampleParams const p) {
   static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
+  await_prior_kernels();
   __shared__ SampleShared sh;
   int const b = blockIdx.x;
   float const* row = p.logits + static_cast<int64_t>(b) * p.vocab;
@@ -937,8 +944,8 @@ inline Status sample_cuda(SampleParams const& p, cudaStream_t stream) {
                                                        p.workspace, stream));
   SPECDEC_RETURN_IF_ERROR(launch_sample_row_thresholds(p.logits, p.batch, p.vocab, 1, p.config,
                                                        p.workspace, stream));
-  sample_kernel<kSampleThreads><<<p.batch, kSampleThreads, 0, stream>>>(p);
-  return cuda_launch_status("sample_kernel");
+  return launch_kernel("sample_kernel", sample_kernel<kSampleThreads>, dim3(p.batch),
+                       kSampleThreads, 0, stream, p);
 }
 
 }  // namespace specdec::ops

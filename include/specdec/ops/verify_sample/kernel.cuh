@@ -68,10 +68,12 @@ constexpr uint64_t kNotLoaded = ~uint64_t{0};
 }  // namespace verify_sample_detail
 
 // A template (on the block size, which must be kSampleThreads) for inline linkage across TUs.
+// Launched with programmatic dependent launch, its blocks wait for the kernels before.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads, 1)
     verify_sample_kernel(__grid_constant__ VerifySampleParams const p) {
   static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
+  await_prior_kernels();
   using verify_sample_detail::kNotLoaded;
   __shared__ SampleShared sh;
   extern __shared__ uint64_t node_memory[];
@@ -280,8 +282,8 @@ inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t strea
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(node_bytes));
     if (err != cudaSuccess) return cuda_status(err, "verify_sample: cudaFuncSetAttribute");
   }
-  kernel<<<p.tree.batch, kSampleThreads, node_bytes, stream>>>(p);
-  return cuda_launch_status("verify_sample_kernel");
+  return launch_kernel("verify_sample_kernel", kernel, dim3(p.tree.batch), kSampleThreads,
+                       node_bytes, stream, p);
 }
 
 }  // namespace specdec::ops
