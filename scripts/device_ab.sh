@@ -8,12 +8,13 @@
 #   On the device:
 #     scripts/device_ab.sh TARGETS ROUNDS COMMAND...
 #   configures and builds the CMake targets TARGETS (comma-separated) for sm_90 in build-h200
-#   (this tree) and in /tmp/ab-base/build (the archive) at the same time, then runs COMMAND ROUNDS
-#   times on each tree, base first, with every @BUILD@ in it replaced by that tree's build folder.
-#   Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with the build logs (a
-#   call brings back few files). Where the output is Google Benchmark's console table (repetitions
-#   with medians), $OUT/ab.md (and stdout) lists every median of round 1 and of the last round,
-#   base beside head, with head / base.
+#   (this tree) and in /tmp/ab-base/build (the archive) at the same time, with what the device has
+#   installed (as scripts/device_run.sh: it has no network for scripts/setup.sh's apt), then runs
+#   COMMAND ROUNDS times on each tree, base first, with every @BUILD@ in it replaced by that
+#   tree's build folder. Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
+#   the build logs (a call brings back few files). Where the output is Google Benchmark's console
+#   table (repetitions with medians), $OUT/ab.md (and stdout) lists every median of round 1 and of
+#   the last round, base beside head, with head / base.
 #   Example: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
 #            --benchmark_filter='^BM_sample/'
 set -uo pipefail
@@ -37,7 +38,6 @@ if [ ! -f .carry/base.tar ]; then
   echo "device_ab: .carry/base.tar missing (make it here with --archive REF)" >&2
   exit 2
 fi
-bash scripts/setup.sh > "$logs/setup.log" 2>&1 || { tail -20 "$logs/setup.log"; exit 1; }
 rm -rf "$base" && mkdir -p "$base" && tar -xf .carry/base.tar -C "$base"
 cores=$(nproc)
 build() {  # build TREE FOLDER JOBS LOG
