@@ -1,9 +1,12 @@
 // tree_build CUDA kernel: one block per request, one thread per node (blockDim = N rounded up to
 // a warp, N <= 1024). The request's parents are staged in shared memory; each thread walks its own
 // ancestors (O(depth), bounded by a prior block-wide check of every parent) for depth and its
-// mask row, scans the parents once (O(N)) for its first child and next sibling, and a leaf writes
-// its index at its rank among the leaves (a block prefix count of leaf flags); then one thread per
-// leaf_paths row writes the path by walking up from the leaf through the shared parents.
+// mask row, takes its first child from a shared atomicMin over the children, scans the parents
+// once (O(N)) for its next sibling, and a leaf writes its index at its rank among the leaves (a
+// block prefix count of leaf flags); then one thread per leaf_paths row builds the path by
+// walking up from the leaf through the shared parents, into shared memory when the [N, P] rows
+// fit in kTreeBuildStagedBytes (then the block writes them out whole, coalesced), else straight
+// to memory.
 // Validation checks are block-wide ORs, so a bad request stops before any walk. The launcher does
 // no host synchronisation, allocation or host read of device data (graph-capturable).
 #pragma once
@@ -20,10 +23,19 @@ namespace specdec::ops {
 namespace tree_build_detail {
 
 constexpr int kWarps = kTreeBuildMaxNodes / 32;
+// leaf_paths rows staged in dynamic shared memory (stride P + 1 words) up to this size; with the
+// static arrays below the block stays under the default 48 KB.
+constexpr size_t kTreeBuildStagedBytes = 24 * 1024;
+inline size_t staged_path_bytes(int nodes, int path_capacity) {
+  return static_cast<size_t>(nodes) * (path_capacity + 1) * sizeof(int32_t);
+}
 
 static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
-    tree_build_kernel(__grid_constant__ TreeBuildParams const p) {
+    tree_build_kernel(__grid_constant__ TreeBuildParams const p, bool const staged) {
+  await_prior_kernels();
+  extern __shared__ int32_t s_paths[];  // [N, P + 1] when staged
   __shared__ int32_t s_par[kTreeBuildMaxNodes];
+  __shared__ int32_t s_first[kTreeBuildMaxNodes];  // smallest child index, INT32_MAX for none
   __shared__ int32_t s_warp_leaves[kWarps];
   __shared__ int32_t s_leaf[kTreeBuildMaxNodes];   // node index of the k-th leaf
   __shared__ int32_t s_depth[kTreeBuildMaxNodes];  // -1 for unused nodes
@@ -50,6 +62,10 @@ static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
   }
   int const n = status == kTreeOk ? count : 0;
   bool const used = i < n;
+  if (i < N) s_first[i] = INT32_MAX;
+  __syncthreads();
+  if (used && i > 0) atomicMin(&s_first[s_par[i]], i);
+  __syncthreads();
 
   int32_t first_child = -1;
   if (i < N) {
@@ -57,7 +73,7 @@ static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
     int32_t next_sibling = -1;
     if (used) {
       tree_write_mask_row(s_par, i, W, mrow);
-      first_child = tree_first_child(s_par, n, i);
+      first_child = s_first[i] == INT32_MAX ? -1 : s_first[i];
       next_sibling = tree_next_sibling(s_par, n, i);
     } else {
       for (int w = 0; w < W; ++w) mrow[w] = 0;
@@ -87,11 +103,16 @@ static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
   // leaf_paths: one thread per row; the k-th leaf's row holds its ancestors by depth, found by
   // one walk up the shared parents (d <= P - 1 steps), then -1 padding.
   for (int k = i; k < N; k += blockDim.x) {
-    int32_t* row = p.out.leaf_paths + (row0 + k) * P;
+    int32_t* row = staged ? s_paths + k * (P + 1) : p.out.leaf_paths + (row0 + k) * P;
     int const leaf_k = k < total ? s_leaf[k] : -1;
     int const d = leaf_k >= 0 ? s_depth[leaf_k] : -1;
     for (int t = d + 1; t < P; ++t) row[t] = -1;
     for (int t = d, node = leaf_k; t >= 0; --t, node = s_par[node]) row[t] = node;
+  }
+  if (staged) {
+    __syncthreads();
+    int32_t* const out = p.out.leaf_paths + row0 * P;
+    for (int e = i; e < N * P; e += blockDim.x) out[e] = s_paths[(e / P) * (P + 1) + e % P];
   }
   if (i == 0) {
     p.out.leaf_count[b] = total;
@@ -103,9 +124,12 @@ static __global__ void __launch_bounds__(kTreeBuildMaxNodes)
 
 // Launches tree_build on `stream`; all pointers in p are device memory.
 inline Status tree_build_cuda(TreeBuildParams const& p, cudaStream_t stream) {
+  namespace d = tree_build_detail;
   int const threads = (p.tree.nodes + 31) / 32 * 32;
-  tree_build_detail::tree_build_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
-  return cuda_launch_status("tree_build_kernel");
+  size_t const bytes = d::staged_path_bytes(p.tree.nodes, p.out.path_capacity);
+  bool const staged = bytes <= d::kTreeBuildStagedBytes;
+  return launch_kernel("tree_build_kernel", d::tree_build_kernel, dim3(p.tree.batch), threads,
+                       staged ? bytes : 0, stream, p, staged);
 }
 
 }  // namespace specdec::ops
