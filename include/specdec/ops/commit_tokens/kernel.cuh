@@ -15,6 +15,7 @@ namespace commit_tokens_detail {
 constexpr int kThreads = 128;
 
 static __global__ void commit_tokens_kernel(__grid_constant__ CommitTokensParams const p) {
+  await_prior_kernels();
   int const b = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
   if (b < p.tree.batch) commit_tokens_row(p, b);
 }
@@ -26,9 +27,8 @@ inline Status commit_tokens_cuda(CommitTokensParams const& p, cudaStream_t strea
   if (p.tree.batch == 0) return Status::Ok();
   unsigned const blocks =
       static_cast<unsigned>(ceil_div(p.tree.batch, commit_tokens_detail::kThreads));
-  commit_tokens_detail::commit_tokens_kernel<<<blocks, commit_tokens_detail::kThreads, 0,
-                                               stream>>>(p);
-  return cuda_launch_status("commit_tokens_kernel");
+  return launch_kernel("commit_tokens_kernel", commit_tokens_detail::commit_tokens_kernel,
+                       dim3(blocks), commit_tokens_detail::kThreads, 0, stream, p);
 }
 
 }  // namespace specdec::ops

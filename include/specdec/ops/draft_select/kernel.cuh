@@ -288,6 +288,7 @@ inline size_t finalize_smem_bytes(int C) { return static_cast<size_t>(C) * (8 + 
 
 static __global__ void __launch_bounds__(kFinalizeThreads)
     draft_finalize_kernel(__grid_constant__ DraftFinalizeParams const p) {
+  await_prior_kernels();
   extern __shared__ __align__(8) unsigned char s_raw[];
   int const C = draft_candidate_count(p.topk, p.steps), N = p.nodes;
   uint64_t* s_key = reinterpret_cast<uint64_t*>(s_raw);
@@ -360,10 +361,9 @@ inline Status draft_expand_cuda(DraftExpandParams const& p, cudaStream_t stream)
 // Launches draft_finalize on `stream`; all pointers in p are device memory.
 inline Status draft_finalize_cuda(DraftFinalizeParams const& p, cudaStream_t stream) {
   int const C = draft_candidate_count(p.topk, p.steps);
-  draft_select_detail::
-      draft_finalize_kernel<<<p.batch, draft_select_detail::kFinalizeThreads,
-                              draft_select_detail::finalize_smem_bytes(C), stream>>>(p);
-  return cuda_launch_status("draft_finalize_kernel");
+  return launch_kernel("draft_finalize_kernel", draft_select_detail::draft_finalize_kernel,
+                       dim3(p.batch), draft_select_detail::kFinalizeThreads,
+                       draft_select_detail::finalize_smem_bytes(C), stream, p);
 }
 
 }  // namespace specdec::ops

@@ -30,6 +30,7 @@ constexpr int kStageVectors = kThreads * kItems;
 template <class Vec>
 __global__ void __launch_bounds__(kThreads)
     kv_commit_kernel(__grid_constant__ KvCommitParams const p, int const chunk_vectors) {
+  await_prior_kernels();
   extern __shared__ int64_t move_rows[];  // [P] source rows, then [P] destination rows
   __shared__ int code_s;
   int const b = blockIdx.z, layer = blockIdx.y, chunk = blockIdx.x, tid = threadIdx.x;
@@ -98,8 +99,8 @@ Status launch(KvCommitParams const& p, cudaStream_t stream) {
   }
   size_t const shared = 2 * sizeof(int64_t) * static_cast<size_t>(p.acceptance.path_capacity);
   dim3 const grid(static_cast<unsigned>(chunks), p.num_layers, p.batch);
-  kv_commit_kernel<Vec><<<grid, kThreads, shared, stream>>>(p, static_cast<int>(chunk));
-  return cuda_launch_status("kv_commit_kernel");
+  return launch_kernel("kv_commit_kernel", kv_commit_kernel<Vec>, grid, kThreads, shared, stream,
+                       p, static_cast<int>(chunk));
 }
 
 }  // namespace kv_commit_detail

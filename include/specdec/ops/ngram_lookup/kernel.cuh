@@ -35,6 +35,7 @@ __device__ __forceinline__ int suffix_match_length(int32_t const* row, int len, 
 
 static __global__ void __launch_bounds__(kThreads)
     ngram_lookup_kernel(__grid_constant__ NgramLookupParams const p) {
+  await_prior_kernels();
   extern __shared__ int32_t trie_arrays[];  // tokens, parents, first_child, next_sibling: N each
   __shared__ uint64_t warp_best[kThreads / 32];
   __shared__ uint64_t round_best;
@@ -113,9 +114,8 @@ static __global__ void __launch_bounds__(kThreads)
 
 inline Status ngram_lookup_cuda(NgramLookupParams const& p, cudaStream_t stream) {
   size_t const shared = 4 * sizeof(int32_t) * static_cast<size_t>(p.nodes);
-  ngram_lookup_detail::
-      ngram_lookup_kernel<<<p.batch, ngram_lookup_detail::kThreads, shared, stream>>>(p);
-  return cuda_launch_status("ngram_lookup_kernel");
+  return launch_kernel("ngram_lookup_kernel", ngram_lookup_detail::ngram_lookup_kernel,
+                       dim3(p.batch), ngram_lookup_detail::kThreads, shared, stream, p);
 }
 
 }  // namespace specdec::ops

@@ -58,6 +58,7 @@ __device__ __forceinline__ void consume4(uint64_t& best, float4 const x, int32_t
 template <int kArgmaxUnroll>
 __global__ void __launch_bounds__(kArgmaxThreads)
     verify_greedy_argmax_kernel(__grid_constant__ VerifyGreedyParams const p, int const split) {
+  await_prior_kernels();
   int64_t const row = blockIdx.x / split;
   int const rank = static_cast<int>(blockIdx.x % split);
   int const nodes = p.tree.nodes;
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // grid.x = B, blockDim.x = min(1024, N rounded up to a warp).
 static __global__ void __launch_bounds__(kAcceptMaxThreads)
     verify_greedy_accept_kernel(__grid_constant__ VerifyGreedyParams const p) {
+  await_prior_kernels();
   int const b = blockIdx.x, nodes = p.tree.nodes, cap = p.out.path_capacity;
   int const tid = threadIdx.x;
   int const n = verify_greedy_request_nodes(p, b);
@@ -209,8 +211,8 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
     SPECDEC_CUDA_TRY(cudaMemcpyAsync(p.argmax_scratch, p.target_argmax,
                                      static_cast<size_t>(rows) * sizeof(int32_t),
                                      cudaMemcpyDeviceToDevice, stream));
-    d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
-    return cuda_launch_status("verify_greedy_accept_kernel");
+    return launch_kernel("verify_greedy_accept_kernel", d::verify_greedy_accept_kernel,
+                         dim3(p.tree.batch), threads, 0, stream, p);
   }
   bool clusters = false;
   SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
@@ -230,8 +232,8 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
   SPECDEC_RETURN_IF_ERROR(launch_cluster_kernel("verify_greedy_argmax_kernel", argmax,
                                                 dim3(static_cast<unsigned>(rows * split)),
                                                 d::kArgmaxThreads, 0, stream, split, p, split));
-  d::verify_greedy_accept_kernel<<<p.tree.batch, threads, 0, stream>>>(p);
-  return cuda_launch_status("verify_greedy_accept_kernel");
+  return launch_kernel("verify_greedy_accept_kernel", d::verify_greedy_accept_kernel,
+                       dim3(p.tree.batch), threads, 0, stream, p);
 }
 
 }  // namespace specdec::ops
