@@ -11,7 +11,9 @@
 #   (this tree) and in /tmp/ab-base/build (the archive) at the same time, with what the device has
 #   installed (as scripts/device_run.sh: it has no network for scripts/setup.sh's apt), then runs
 #   COMMAND ROUNDS times on each tree, base first, with every @BUILD@ in it replaced by that
-#   tree's build folder. Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
+#   tree's build folder. SPECDEC_AB_HEAD_TARGETS (comma-separated) are built in this tree only,
+#   before any run (e.g. specdec_cuda_tests, to run the GPU tests after the A/B without compiling
+#   while it measures). Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
 #   the build logs (a call brings back few files). Where the output is Google Benchmark's console
 #   table (repetitions with medians), $OUT/ab.md (and stdout) lists every median of round 1 and of
 #   the last round, base beside head, with head / base.
@@ -40,14 +42,15 @@ if [ ! -f .carry/base.tar ]; then
 fi
 rm -rf "$base" && mkdir -p "$base" && tar -xf .carry/base.tar -C "$base"
 cores=$(nproc)
-build() {  # build TREE FOLDER JOBS LOG
+build() {  # build TREE FOLDER JOBS LOG [EXTRA_TARGET...]
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    > "$4" 2>&1 && cmake --build "$2" -j "$3" --target $targets >> "$4" 2>&1
+    > "$4" 2>&1 && cmake --build "$2" -j "$3" --target $targets "${@:5}" >> "$4" 2>&1
 }
 start=$SECONDS
 build "$base" "$base/build" $((cores / 3 + 1)) "$logs/build_base.log" &
 base_pid=$!
-build . build-h200 $((cores - cores / 3)) "$logs/build_head.log"
+head_only=${SPECDEC_AB_HEAD_TARGETS:-}
+build . build-h200 $((cores - cores / 3)) "$logs/build_head.log" ${head_only//,/ }
 head_rc=$?
 wait $base_pid
 base_rc=$?
