@@ -1,9 +1,10 @@
 // draft_select CUDA kernels.
 //   draft_expand_kernel<kTopK>: grid (splits, K_in, B), one launch. Each block reads one chunk of
 //     one branch's logits row with 16-byte loads (kUnroll in flight per thread), keeping an online
-//     (max, sum of exp) and a register top-kTopK of (logit, draft id) keys per thread, merges them
-//     block-wide (warp shuffles, then one warp over the per-warp lists) into the workspace, and
-//     counts itself in with an atomic. The request's last block merges its K_in * splits partials
+//     (max, sum of exp) per thread, updated once per group of 16 logits, and one top-kTopK of
+//     (logit, draft id) keys per warp, spread over its lanes, which only logits at or above a
+//     bound on its K-th best enter (few after the first group), merges them block-wide (one warp
+//     over the per-warp lists) into the workspace, and counts itself in with an atomic. The request's last block merges its K_in * splits partials
 //     (one warp per branch) into the log-sum-exp and each branch's top-kTopK children, writes the
 //     candidates, ranks the K_in * kTopK children by score (one thread per child, counting better
 //     ones) for the next frontier and resets the counter.
@@ -79,21 +80,71 @@ __device__ __forceinline__ void warp_softmax_merge(float& m, float& s) {
   }
 }
 
-// One logit into the thread's online softmax state and top-K list. The float pre-test skips the
-// key arithmetic for the (common) logit below the current K-th best; NaN and ties fall through
-// to the exact key compare.
+// The K-th largest of the lanes' values (K <= 32), on every lane: a bitonic sort over the warp.
 template <int K>
-__device__ __forceinline__ void consume(float x, int32_t id, float& m, float& s, float& kth,
-                                        uint64_t (&keys)[K]) {
-  if (x > m) {
-    s = s * expf(m - x) + 1.0f;  // m = -inf: s was 0, stays 0 + 1
-    m = x;
-  } else if (x != -INFINITY) {
-    s += expf(x - m);
+__device__ __forceinline__ float warp_kth_largest(float v) {
+  int const lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      float const other = __shfl_xor_sync(0xffffffffu, v, j);
+      bool const keep_min = ((lane & j) == 0) == ((lane & k) == 0);  // ascending by lane at the end
+      v = keep_min ? fminf(v, other) : fmaxf(v, other);
+    }
   }
-  if (!(x < kth)) {
-    topk_insert(keys, pack_value_index(x, id));
-    kth = keys[K - 1] == 0 ? -INFINITY : unpack_value(keys[K - 1]);
+  return __shfl_sync(0xffffffffu, v, 32 - K);
+}
+
+// A warp's running top-K of (logit, draft id) keys, spread over its lanes: lane j < K holds the
+// j-th best (0: empty). A logit enters only if it is not below `floor`, a value the warp's K-th
+// best is known to reach: the list's K-th value once it is full, before that the K-th largest of
+// the lanes' first group maxima (K logits at least that large exist). So after the first group
+// only the few logits that can still make the top K cost a warp insertion; a logit below the
+// floor costs one compare.
+template <int K>
+struct WarpTopK {
+  uint64_t key = 0;
+  float floor = -INFINITY;
+  bool primed = false;
+};
+
+// One group of N logits per lane (x[u] with draft id id[u], real where valid[u]) into the lane's
+// online softmax (m, s: the row max so far and the sum of exp(x - m)) and the warp's top-K. All
+// 32 lanes call it equally often (it shuffles).
+template <int K, int N>
+__device__ __forceinline__ void absorb(float const (&x)[N], int32_t const (&id)[N],
+                                       bool const (&valid)[N], float& m, float& s,
+                                       WarpTopK<K>& top) {
+  float group_max = -INFINITY;  // fmaxf skips NaN: a NaN logit still turns s into NaN below
+#pragma unroll
+  for (int u = 0; u < N; ++u) group_max = valid[u] ? fmaxf(group_max, x[u]) : group_max;
+  if (group_max > m) {
+    s *= __expf(m - group_max);  // m = -inf: s was 0
+    m = group_max;
+  }
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) s += valid[u] ? __expf(x[u] - m) : 0.0f;
+  }
+  if (!top.primed) {
+    top.floor = warp_kth_largest<K>(group_max);
+    top.primed = true;
+  }
+  int const lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    bool pass = valid[u] && !(x[u] < top.floor);  // NaN passes to the exact key compare
+    for (unsigned ballot; (ballot = __ballot_sync(0xffffffffu, pass)) != 0;) {
+      int const src = __ffs(ballot) - 1;
+      uint64_t const key = __shfl_sync(0xffffffffu, pack_value_index(x[u], id[u]), src);
+      if (lane == src) pass = false;
+      uint64_t const above = __shfl_up_sync(0xffffffffu, top.key, 1);
+      if (lane < K && key > top.key) top.key = lane == 0 || key < above ? key : above;
+      uint64_t const kth = __shfl_sync(0xffffffffu, top.key, K - 1);
+      if (kth != 0) top.floor = unpack_value(kth);
+      pass = pass && !(x[u] < top.floor);
+    }
   }
 }
 
@@ -196,12 +247,11 @@ __global__ void __launch_bounds__(kExpandThreads)
   float const* x = p.logits + row * Vd;
   int const c0 = split * chunk, c1 = min(c0 + chunk, Vd);
 
-  float m = -INFINITY, s = 0.0f, kth = -INFINITY;
-  uint64_t keys[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) keys[j] = 0;
+  float m = -INFINITY, s = 0.0f;
+  WarpTopK<K> top;
 
-  // float4 body when the row is 16-byte aligned (chunks start at multiples of 4), scalar rest.
+  // float4 body when the row is 16-byte aligned (chunks start at multiples of 4), scalar rest;
+  // both loops run equally often on every thread of the block.
   bool const aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   int const vectors = aligned ? (c1 - c0) >> 2 : 0;
   float4 const* xv = reinterpret_cast<float4 const*>(x + c0);
@@ -210,37 +260,43 @@ __global__ void __launch_bounds__(kExpandThreads)
 #pragma unroll
     for (int u = 0; u < kExpandUnroll; ++u) {
       int const idx = v0 + u * kExpandThreads + tid;
-      if (idx < vectors) v[u] = __ldg(xv + idx);
+      v[u] = idx < vectors ? __ldg(xv + idx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    float xs[4 * kExpandUnroll];
+    int32_t ids[4 * kExpandUnroll];
+    bool valid[4 * kExpandUnroll];
 #pragma unroll
     for (int u = 0; u < kExpandUnroll; ++u) {
       int const idx = v0 + u * kExpandThreads + tid;
-      if (idx < vectors) {
-        int32_t const id = c0 + 4 * idx;
-        consume(v[u].x, id, m, s, kth, keys);
-        consume(v[u].y, id + 1, m, s, kth, keys);
-        consume(v[u].z, id + 2, m, s, kth, keys);
-        consume(v[u].w, id + 3, m, s, kth, keys);
+      float const e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        xs[4 * u + c] = e[c];
+        ids[4 * u + c] = c0 + 4 * idx + c;
+        valid[4 * u + c] = idx < vectors;
       }
     }
+    absorb(xs, ids, valid, m, s, top);
   }
-  for (int d = c0 + 4 * vectors + tid; d < c1; d += kExpandThreads)
-    consume(x[d], d, m, s, kth, keys);
+  for (int d0 = c0 + 4 * vectors; d0 < c1; d0 += kExpandThreads) {
+    int const d = d0 + tid;
+    bool const valid[1] = {d < c1};
+    float const xs[1] = {valid[0] ? x[d] : 0.0f};
+    int32_t const ids[1] = {d};
+    absorb(xs, ids, valid, m, s, top);
+  }
 
-  // Block merge: warps, then warp 0 over the per-warp results, into the workspace.
+  // Block merge: the warps' lists, then warp 0 over them, into the workspace.
   int const lane = tid & 31, warp = tid >> 5;
   warp_softmax_merge(m, s);
-  warp_topk(keys);
-  if (lane == 0) {
-    s_ms[warp] = make_float2(m, s);
-#pragma unroll
-    for (int j = 0; j < K; ++j) s_keys[warp][j] = keys[j];
-  }
+  if (lane == 0) s_ms[warp] = make_float2(m, s);
+  if (lane < K) s_keys[warp][lane] = top.key;
   __syncthreads();
   ExpandWorkspace<K> const ws = expand_workspace<K>(p);
   if (warp == 0) {
     m = -INFINITY;
     s = 0.0f;
+    uint64_t keys[K];
 #pragma unroll
     for (int j = 0; j < K; ++j) keys[j] = 0;
     if (lane < kExpandWarps) {
