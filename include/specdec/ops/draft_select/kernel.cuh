@@ -3,11 +3,12 @@
 //     one branch's logits row with 16-byte loads (kUnroll in flight per thread), keeping an online
 //     (max, sum of exp) per thread, updated once per group of 16 logits, and one top-kTopK of
 //     (logit, draft id) keys per warp, spread over its lanes, which only logits at or above a
-//     bound on its K-th best enter (few after the first group), merges them block-wide (one warp
-//     over the per-warp lists) into the workspace, and counts itself in with an atomic. The request's last block merges its K_in * splits partials
-//     (one warp per branch) into the log-sum-exp and each branch's top-kTopK children, writes the
-//     candidates, ranks the K_in * kTopK children by score (one thread per child, counting better
-//     ones) for the next frontier and resets the counter.
+//     bound on its K-th best enter (few after the first group); one warp merges the warps' lists
+//     (butterfly merges of sorted lists) into the workspace, and the block counts itself in with
+//     an atomic. The request's last block merges its K_in * splits partials (one warp per branch)
+//     into the log-sum-exp and each branch's top-kTopK children, writes the candidates (a lane
+//     per child), ranks the K_in * kTopK children by score (a few threads per child, counting
+//     better ones) for the next frontier and resets the counter.
 //   draft_finalize_kernel: one block per request; each thread ranks its candidates by counting
 //     better ones over the buffer in shared memory (O(C) each, all in parallel); the chosen get
 //     their node index by counting chosen slots below them.
@@ -36,39 +37,39 @@ constexpr int kExpandWarps = kExpandThreads / 32;
 // draft_finalize: candidates are ranked by 256 threads (C <= 2048: at most 8 per thread).
 constexpr int kFinalizeThreads = 256;
 
-// Inserts `key` into the descending list keys[0..K) (compile-time indices only: no local memory).
+// keys = the K largest of keys and other, two descending lists (K a power of two), descending:
+// the pairwise maxima of keys and reversed other hold the K largest as a bitonic sequence, which
+// log2(K) half-cleaner stages sort (compile-time indices only: no local memory).
 template <int K>
-__device__ __forceinline__ void topk_insert(uint64_t (&keys)[K], uint64_t key) {
-  if (key <= keys[K - 1]) return;
-  keys[K - 1] = key;
+__device__ __forceinline__ void merge_topk(uint64_t (&keys)[K], uint64_t const (&other)[K]) {
+  static_assert((K & (K - 1)) == 0, "merge_topk: K must be a power of two");
 #pragma unroll
-  for (int j = K - 1; j > 0; --j) {
-    if (keys[j] > keys[j - 1]) {
-      uint64_t const t = keys[j];
-      keys[j] = keys[j - 1];
-      keys[j - 1] = t;
+  for (int j = 0; j < K; ++j) keys[j] = keys[j] > other[K - 1 - j] ? keys[j] : other[K - 1 - j];
+#pragma unroll
+  for (int half = K / 2; half > 0; half >>= 1) {
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      if ((j & half) == 0 && keys[j + half] > keys[j]) {
+        uint64_t const t = keys[j];
+        keys[j] = keys[j + half];
+        keys[j + half] = t;
+      }
     }
   }
 }
 
-// Warp-wide top-K of the lanes' descending lists: K rounds of (warp max, the owner pops its
-// head). Keys are unique except the empty key 0, so exactly one lane pops per round. On return
-// every lane's `keys` holds the warp's top K, descending.
+// Warp-wide top-K of the lanes' descending lists: five butterfly rounds, each merging a lane's
+// list with that of lane ^ offset (merge_topk; the two hold disjoint keys, 0 marking empty
+// entries). On return every lane's `keys` holds the warp's top K, descending.
 template <int K>
 __device__ __forceinline__ void warp_topk(uint64_t (&keys)[K]) {
-  uint64_t out[K];
 #pragma unroll
-  for (int r = 0; r < K; ++r) {
-    uint64_t const best = warp_max_u64(keys[0]);
-    out[r] = best;
-    if (best != 0 && keys[0] == best) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    uint64_t other[K];
 #pragma unroll
-      for (int j = 0; j + 1 < K; ++j) keys[j] = keys[j + 1];
-      keys[K - 1] = 0;
-    }
+    for (int j = 0; j < K; ++j) other[j] = __shfl_xor_sync(0xffffffffu, keys[j], offset);
+    merge_topk(keys, other);
   }
-#pragma unroll
-  for (int r = 0; r < K; ++r) keys[r] = out[r];
 }
 
 __device__ __forceinline__ void warp_softmax_merge(float& m, float& s) {
@@ -171,7 +172,7 @@ __device__ __forceinline__ ExpandWorkspace<K> expand_workspace(DraftExpandParams
 
 // Run by the last block of request b: warp i merges branch i's split partials (read through L2:
 // other blocks wrote them) into its log-sum-exp and top-K children and writes them to the
-// candidate buffer; then thread t < K_in * K ranks child t by score for the next frontier.
+// candidate buffer (lane j child j); then the children are ranked by score for the next frontier.
 template <int K>
 __device__ __forceinline__ void expand_merge_request(DraftExpandParams const& p,
                                                      ExpandWorkspace<K> const& ws, int b, int K_in,
@@ -190,44 +191,48 @@ __device__ __forceinline__ void expand_merge_request(DraftExpandParams const& p,
       int64_t const part = row * splits + sp;
       float2 const ms = __ldcg(ws.partial + part);
       draft_softmax_merge(m, s, ms.x, ms.y);
+      uint64_t split_keys[K];  // descending, as the split's block wrote them
 #pragma unroll
-      for (int j = 0; j < K; ++j) topk_insert(keys, __ldcg(ws.keys + part * K + j));
+      for (int j = 0; j < K; ++j) split_keys[j] = __ldcg(ws.keys + part * K + j);
+      merge_topk(keys, split_keys);
     }
     warp_softmax_merge(m, s);
     warp_topk(keys);
-    if (lane == 0) {
-      float const lse = draft_log_sum_exp(m, s);
-      float const frontier_score = p.frontier_scores[row];
-      int32_t const parent = p.frontier_slots[row];
+    if (lane < K) {  // lane j writes child j
+      uint64_t key = 0;
 #pragma unroll
-      for (int j = 0; j < K; ++j) {
-        int32_t const d = unpack_index(keys[j]);
-        int const slot = base + i * K + j;
-        int64_t const at = static_cast<int64_t>(b) * C + slot;
-        float const score = draft_child_score(frontier_score, unpack_value(keys[j]), lse);
-        p.cand_tokens[at] = draft_target_token(p.d2t, d);
-        p.cand_scores[at] = score;
-        p.cand_parent[at] = parent;
-        s_child_key[i * K + j] = pack_value_index(score, slot);
-        s_child_draft[i * K + j] = d;
-      }
+      for (int j = 0; j < K; ++j) key = j == lane ? keys[j] : key;
+      int32_t const d = unpack_index(key);
+      int const slot = base + i * K + lane;
+      int64_t const at = static_cast<int64_t>(b) * C + slot;
+      float const score =
+          draft_child_score(p.frontier_scores[row], unpack_value(key), draft_log_sum_exp(m, s));
+      p.cand_tokens[at] = draft_target_token(p.d2t, d);
+      p.cand_scores[at] = score;
+      p.cand_parent[at] = p.frontier_slots[row];
+      s_child_key[i * K + lane] = pack_value_index(score, slot);
+      s_child_draft[i * K + lane] = d;
     }
   }
   __syncthreads();
-  int const children = K_in * K;
-  if (tid < children) {
-    uint64_t const key = s_child_key[tid];
-    int rank = 0;
-    for (int u = 0; u < children; ++u) rank += s_child_key[u] > key ? 1 : 0;
-    if (rank < K) {
-      int64_t const at = static_cast<int64_t>(b) * K + rank;
-      int32_t const d = s_child_draft[tid];
-      p.next_scores[at] = unpack_value(key);
-      p.next_slots[at] = unpack_index(key);
-      p.next_tokens[at] = draft_target_token(p.d2t, d);
-      p.next_draft_tokens[at] = d;
-      p.next_branch[at] = tid / K;
-    }
+  // Child c's rank = the children with a larger key, counted by kRankers threads (adjacent lanes)
+  // over a share of them each.
+  constexpr int kRankers = kExpandThreads / (K * K) < 32 ? kExpandThreads / (K * K) : 32;
+  int const children = K_in * K, c = tid / kRankers;
+  uint64_t const key = c < children ? s_child_key[c] : 0;
+  int rank = 0;
+  for (int u = tid % kRankers; u < children; u += kRankers) rank += s_child_key[u] > key ? 1 : 0;
+#pragma unroll
+  for (int offset = kRankers / 2; offset > 0; offset >>= 1)
+    rank += __shfl_xor_sync(0xffffffffu, rank, offset);
+  if (c < children && tid % kRankers == 0 && rank < K) {
+    int64_t const at = static_cast<int64_t>(b) * K + rank;
+    int32_t const d = s_child_draft[c];
+    p.next_scores[at] = unpack_value(key);
+    p.next_slots[at] = unpack_index(key);
+    p.next_tokens[at] = draft_target_token(p.d2t, d);
+    p.next_draft_tokens[at] = d;
+    p.next_branch[at] = c / K;
   }
 }
 
