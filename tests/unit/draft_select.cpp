@@ -578,7 +578,12 @@ TEST_CASE("draft_select: CUDA split arithmetic (chunks, splits, softmax merge)")
   }
   // Workspace: (max, sum) pair + topk keys per (request, branch, max split).
   CHECK(specdec::ops::draft_expand_workspace_bytes(2, 163840, 4) ==
-        size_t{2} * 4 * 20 * (8 + 4 * 8) + 2 * 4);  // 163840 / 8192 = 20 splits, 2 counters
+        size_t{2} * 4 * 40 * (8 + 4 * 8) + 2 * 4);  // 163840 / 4096 = 40 splits, 2 counters
+  CHECK(specdec::ops::draft_expand_workspace_bytes(1, 1 << 20, 8) ==
+        size_t{1} * 8 * 64 * (8 + 8 * 8) + 4);  // 2^20 / 4096 = 256 -> at most 64 splits
+  // Chunks are whole load rounds: 8 splits of 4096 for one row of 32000, 4 of 8192 for 64 rows.
+  CHECK(specdec::ops::draft_expand_chunk(1, 32000) == 4096);
+  CHECK(specdec::ops::draft_expand_chunk(64, 32000) == 8192);
   // Merging (max, sum) pairs of any split of a row gives the row's (max, sum of exp(x - max)).
   std::vector<float> x = {-3.0f, 1.5f, -INFINITY, 0.25f, 2.0f, -1.0f, -INFINITY};
   float m = -INFINITY, s = 0.0f;

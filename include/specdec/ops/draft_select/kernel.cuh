@@ -34,6 +34,8 @@ namespace draft_select_detail {
 constexpr int kExpandThreads = 256;
 constexpr int kExpandUnroll = 4;
 constexpr int kExpandWarps = kExpandThreads / 32;
+static_assert(kExpandThreads * kExpandUnroll * 4 == kDraftExpandRoundFloats,
+              "draft_expand: the host's chunks must be whole rounds of the block's loads");
 // draft_finalize: candidates are ranked by 256 threads (C <= 2048: at most 8 per thread).
 constexpr int kFinalizeThreads = 256;
 
@@ -215,9 +217,10 @@ __device__ __forceinline__ void expand_merge_request(DraftExpandParams const& p,
     }
   }
   __syncthreads();
-  // Child c's rank = the children with a larger key, counted by kRankers threads (adjacent lanes)
-  // over a share of them each.
-  constexpr int kRankers = kExpandThreads / (K * K) < 32 ? kExpandThreads / (K * K) : 32;
+  // Child c's rank = the children with a larger key, counted by kRankers threads (adjacent lanes,
+  // as many as there are children up to the block's share) over a share of them each.
+  constexpr int kRankers = kExpandThreads / (K * K) < K * K ? kExpandThreads / (K * K) : K * K;
+  static_assert(kRankers <= 32 && (kRankers & (kRankers - 1)) == 0);
   int const children = K_in * K, c = tid / kRankers;
   uint64_t const key = c < children ? s_child_key[c] : 0;
   int rank = 0;

@@ -39,13 +39,13 @@ constexpr char kDraftSelectTopKList[] = "{1, 2, 4, 8}";
 // draft_finalize ranks the whole candidate buffer in shared memory (13 bytes per slot).
 constexpr int kDraftFinalizeMaxCandidates = 2048;
 
-// draft_expand CUDA split of each vocabulary row over blocks (tuning; first H200 run of
-// bench_draft_select showed ~4K-float chunks spend more time in the per-block top-k merge than in
-// the loads): split a row until the grid has ~kDraftExpandTargetBlocks blocks (2 per SM on a
-// 132-SM H200), keeping at least kDraftExpandMinChunk floats (32 KiB) per block and at most
-// kDraftExpandMaxSplits blocks per row.
+// draft_expand CUDA split of each vocabulary row over blocks (tuning, benchmarks/RESULTS.md): a
+// block loads kDraftExpandRoundFloats floats per round, and each round is a DRAM latency on the
+// batch-1 critical path, so a row is split until the grid has ~kDraftExpandTargetBlocks blocks
+// (2 per SM on a 132-SM H200), in chunks of whole rounds (a partial round costs a full one and
+// its block more merge work), at most kDraftExpandMaxSplits blocks per row.
 constexpr int kDraftExpandTargetBlocks = 264;
-constexpr int kDraftExpandMinChunk = 8192;
+constexpr int kDraftExpandRoundFloats = 4096;  // 256 threads x 4 float4 loads
 constexpr int kDraftExpandMaxSplits = 64;
 
 // Per-request status written by draft_finalize.
@@ -84,14 +84,14 @@ SPECDEC_HD inline void draft_softmax_merge(float& m, float& s, float m2, float s
 
 // CUDA split of rows of `vocab` floats over blocks: blocks per row (<= draft_expand_max_splits).
 SPECDEC_HD inline int draft_expand_max_splits(int vocab) {
-  int const s = ceil_div(vocab, kDraftExpandMinChunk);
+  int const s = ceil_div(vocab, kDraftExpandRoundFloats);
   return s < 1 ? 1 : (s > kDraftExpandMaxSplits ? kDraftExpandMaxSplits : s);
 }
 SPECDEC_HD inline int draft_expand_chunk(int rows, int vocab) {
   int want = ceil_div(kDraftExpandTargetBlocks, rows < 1 ? 1 : rows);
   int const most = draft_expand_max_splits(vocab);
   want = want < 1 ? 1 : (want > most ? most : want);
-  return ceil_div(ceil_div(vocab, want), 4) * 4;  // a multiple of 4: float4-aligned chunks
+  return ceil_div(vocab, want * kDraftExpandRoundFloats) * kDraftExpandRoundFloats;
 }
 SPECDEC_HD inline int draft_expand_splits(int rows, int vocab) {
   return ceil_div(vocab, draft_expand_chunk(rows, vocab));
