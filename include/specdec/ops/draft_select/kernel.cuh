@@ -22,7 +22,6 @@
 #include <string>
 
 #include "specdec/core/cuda.cuh"
-#include "specdec/core/warp.cuh"
 #include "specdec/core/macros.hpp"
 #include "specdec/ops/draft_select/params.hpp"
 
