@@ -3,6 +3,7 @@
 // detected by recomputing in double), plus a chi-square check of the GPU token histogram.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -131,11 +132,15 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
 }
 
 TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exactly)") {
-  // Rows split over 1 block (no cluster), 3 and 16 blocks; logits on a grid of 1/4 (many ties at
-  // the thresholds) and continuous; V = 300000 re-reads its slices instead of caching them.
-  struct Case { int vocab, max_blocks; bool ties; };
-  Case const cases[] = {{1003, 1, false},   {32000, 3, true},   {32000, 16, false},
-                        {163840, 16, true}, {163840, 1, false}, {300000, 16, true}};
+  // Rows split over 1 block (no cluster), 3 and 16 blocks; logits continuous, on a grid of 1/4
+  // (many ties at the thresholds: some chosen distance bins hold more keys than the candidate
+  // list, so both selects run) and flat (every key in one distance bin: the radix passes);
+  // V = 300000 re-reads its slices instead of caching them (the radix passes).
+  enum Logits { kContinuous, kGrid, kFlat };
+  struct Case { int vocab, max_blocks; Logits logits; };
+  Case const cases[] = {{1003, 1, kContinuous},   {32000, 3, kGrid},       {32000, 16, kContinuous},
+                        {163840, 16, kGrid},      {163840, 1, kContinuous}, {300000, 16, kGrid},
+                        {163840, 16, kFlat},      {32000, 8, kContinuous}};
   struct Setting { int32_t top_k; float top_p; };
   Setting const settings[] = {{1, 1.0f}, {50, 1.0f},  {4000, 1.0f}, {0, 0.5f},
                               {0, 0.9f}, {0, 0.99f}, {50, 0.9f},   {4000, 0.3f}};
@@ -145,8 +150,10 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
   for (Case c : cases) {
     int const V = c.vocab;
     std::vector<float> logits = testing::random_logits(rng, B, V);
-    if (c.ties) {
+    if (c.logits == kGrid) {
       for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;
+    } else if (c.logits == kFlat) {
+      std::fill(logits.begin(), logits.end(), 1.5f);
     }
     std::vector<float> temperature(B, 0.8f), top_p(B);
     std::vector<int32_t> top_k(B);
@@ -178,7 +185,7 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
         (void)target_dist_reference(row, V, 0.8f, top_k[b], top_p[b] * (1 + 1e-4f), hi);
         boundary = lo.min_key != hi.min_key;
       }
-      CHECK_MESSAGE(boundary, "V=" << V << " blocks<=" << c.max_blocks << " ties " << c.ties
+      CHECK_MESSAGE(boundary, "V=" << V << " blocks<=" << c.max_blocks << " logits " << c.logits
                                    << " top_k " << top_k[b] << " top_p " << top_p[b]
                                    << ": gpu key " << keys[b] << " cpu key " << want.min_key);
       ++near;

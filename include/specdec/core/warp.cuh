@@ -26,6 +26,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum of 64-bit integers over the warp (exact, so the same on every lane in any order).
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 // c += A [16 x 16] B [16 x 8], bf16 operands, fp32 accumulators (PTX fragment layout).
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1,
                                                uint32_t a2, uint32_t a3, uint32_t b0,

@@ -10,10 +10,11 @@
 //   2. sample_row_thresholds_kernel (rows with top-k or top-p): one thread-block cluster per row
 //      (up to 16 blocks on sm_90, one block elsewhere), each block a slice of whole chunks read
 //      once from memory and kept in shared memory as keys of z = l / T. Inside the cluster
-//      (distributed shared memory): the row maximum; top-k as 4 radix-select passes of 8-bit
-//      digits counting keys; top-p as 4 radix-select passes summing weights in fixed point (the
-//      first pass's bins also give the kept mass); then every chunk's kept mass about its
-//      maximum, and the row's threshold key;
+//      (distributed shared memory): the row maximum; top-k (counting keys) and top-p (summing
+//      weights in fixed point) each by the distance select (one histogram of the keys' distance
+//      below the row maximum, then the chosen bin's keys ranked in every block), or where that bin
+//      is too full or the slice is not cached, by 4 radix-select passes of 8-bit digits; then
+//      every chunk's kept mass about its maximum, and the row's threshold key;
 //   3. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
 //      argmax), picks the chunk holding u * mass and scans that chunk alone. Launches 1 and 3 use
 //      programmatic dependent launch: 3's blocks are in place when the partials are done.
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/warp.cuh"
@@ -638,6 +640,150 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
   return prefix;
 }
 
+// The distance select: one histogram of the keys by their distance d = max_z - z below the row
+// maximum (kSampleDistBins bins of 1 / kSampleDistPerUnit, the last also holding every d beyond
+// and -inf) finds the bin holding the threshold; every block then copies that bin's keys into
+// every block's candidate list, and each key's rank among them (units above it and equal to it)
+// names the threshold. Bins are monotone in the key (d falls as z rises, float subtraction and the
+// power-of-two scale keep the order), so every key of a lower bin lies above the bin's keys. Three
+// cluster barriers against the four passes of row_radix_select, and the keys spread over many
+// bins where the radix passes' top digits (sign and exponent) gather most keys in few.
+constexpr int kSampleDistBins = 256;
+constexpr float kSampleDistPerUnit = 16.0f;
+// The most keys the chosen bin may hold (the list is in every block); beyond, row_radix_select.
+constexpr int kSampleCandidateCap = 1024;
+constexpr uint32_t kSampleNoKey = 0xffffffffu;  // the key of +NaN: never a threshold here
+
+__device__ inline int distance_bin(uint32_t key, float max_z) {
+  constexpr float kLastStart = (kSampleDistBins - 1) / kSampleDistPerUnit;
+  float const d = max_z - float_from_order_key(key);
+  return d < kLastStart ? static_cast<int>(d * kSampleDistPerUnit) : kSampleDistBins - 1;
+}
+
+struct SampleDistShared {
+  uint32_t count[kSampleDistBins];            // the block's keys of positive units, by bin
+  uint32_t high[kSampleDistBins];             // the block's units by bin: >> 16 ...
+  uint32_t low[kSampleDistBins];              // ... and & 0xffff (as in row_radix_select)
+  unsigned long long units[kSampleDistBins];  // joined; the rest of the cluster reads them
+  uint32_t cand_key[kSampleCandidateCap];     // the chosen bin's keys over the row
+  uint32_t cand_units[kSampleCandidateCap];
+  uint32_t threshold;  // written into every block by a block holding the threshold key
+  int fill;            // this block's keys copied so far
+  int bin;             // the chosen bin
+  int offset;          // this block's first place in the list
+  int listed;          // the list's length
+  unsigned long long above;  // units of the bins below the chosen one
+  unsigned long long need;
+};
+
+// The largest key K with units(key >= K) >= need_of(total) over the row, as row_radix_select
+// (kCount: units(key) is 1 for every key), or kSampleNoKey when the chosen bin holds more than
+// kSampleCandidateCap keys (the caller takes row_radix_select). The block's slice [lo, hi) holds
+// at most kSampleSegment keys. Every block of the row gets the same answer.
+template <bool kCount, int kThreads, class ForEachKeyIn, class Units, class NeedOf>
+__device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, int hi,
+                                        Units&& units, NeedOf&& need_of, float max_z, int rank,
+                                        int blocks, SampleDistShared& ds, SampleShared& sh) {
+  static_assert(kThreads >= kSampleDistBins, "a thread per bin");
+  static_assert(kSampleCachedChunks * kSampleChunk <= kSampleSegment,
+                "a cached slice's bins cannot overflow their 32-bit halves");
+  int const t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  bool const owns_bin = t < kSampleDistBins;
+  if (owns_bin) ds.count[t] = 0, ds.high[t] = 0, ds.low[t] = 0;
+  if (t == 0) ds.threshold = kSampleNoKey, ds.fill = 0;
+  __syncthreads();
+  for_each_key_in(lo, hi, [&](int, uint32_t key) {
+    unsigned long long const u = units(key);
+    if (u == 0) return;
+    int const bin = distance_bin(key, max_z);
+    atomicAdd(&ds.count[bin], 1u);
+    if constexpr (!kCount) {
+      if (u >> 16) atomicAdd(&ds.high[bin], static_cast<uint32_t>(u >> 16));
+      if (u & 0xffffu) atomicAdd(&ds.low[bin], static_cast<uint32_t>(u & 0xffffu));
+    }
+  });
+  __syncthreads();
+  if (owns_bin) {
+    ds.units[t] = kCount ? ds.count[t]
+                         : (static_cast<unsigned long long>(ds.high[t]) << 16) + ds.low[t];
+  }
+  row_sync(blocks);  // every block's histogram is published
+  // Thread t < bins: bin t over the row, and the keys of bin t in the blocks before this one.
+  unsigned long long bin_units = 0;
+  uint32_t bin_count = 0, before_me = 0;
+  if (owns_bin) {
+#pragma unroll
+    for (int r = 0; r < kSampleMaxCluster; ++r) {
+      if (r < blocks) {
+        uint32_t const c = *cluster_slot(ds.count + t, r, blocks);
+        bin_count += c;
+        before_me += r < rank ? c : 0u;
+        if constexpr (!kCount) bin_units += *cluster_slot(ds.units + t, r, blocks);
+      }
+    }
+    if constexpr (kCount) bin_units = bin_count;
+  }
+  // Inclusive prefix over the bins from bin 0 (the largest keys) up; the row's total.
+  unsigned long long incl = bin_units;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    unsigned long long const x = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += x;
+  }
+  if (owns_bin && lane == 31) sh.scratch64[warp] = incl;
+  __syncthreads();
+  unsigned long long total = 0;
+  for (int w = 0; w < kSampleDistBins / 32; ++w) {
+    if (w < warp) incl += sh.scratch64[w];
+    total += sh.scratch64[w];
+  }
+  unsigned long long const need = need_of(total);
+  // Prefixes rise with t, so the bins reaching `need` are [chosen, bins).
+  int const chosen = kSampleDistBins - __syncthreads_count(owns_bin && incl >= need);
+  if (t == chosen) {
+    ds.bin = chosen;
+    ds.offset = static_cast<int>(before_me);
+    ds.listed = static_cast<int>(bin_count);
+    ds.above = incl - bin_units;
+    ds.need = need;
+  }
+  __syncthreads();
+  if (chosen == kSampleDistBins || ds.listed > kSampleCandidateCap) return kSampleNoKey;
+  // Every block's keys of the chosen bin into every block's list (this block's from ds.offset).
+  int const bin = ds.bin, offset = ds.offset, listed = ds.listed;
+  for_each_key_in(lo, hi, [&](int, uint32_t key) {
+    if (distance_bin(key, max_z) != bin) return;
+    unsigned long long const u = units(key);
+    if (u == 0) return;
+    int const slot = offset + atomicAdd(&ds.fill, 1);
+    for (int r = 0; r < blocks; ++r) {
+      *cluster_slot(ds.cand_key + slot, r, blocks) = key;
+      *cluster_slot(ds.cand_units + slot, r, blocks) = static_cast<uint32_t>(u);
+    }
+  });
+  row_sync(blocks);  // every list is whole
+  // A warp per key of this block: units above it and equal to it over the list. The threshold is
+  // the key where the running units first reach `need`.
+  unsigned long long const above = ds.above;
+  for (int i = offset + warp; i < offset + ds.fill; i += kThreads / 32) {
+    uint32_t const key = ds.cand_key[i];
+    unsigned long long greater = 0, equal = 0;
+    for (int j = lane; j < listed; j += 32) {
+      uint32_t const other = ds.cand_key[j];
+      unsigned long long const u = ds.cand_units[j];
+      greater += other > key ? u : 0ull;
+      equal += other == key ? u : 0ull;
+    }
+    greater = warp_sum_u64(greater);
+    equal = warp_sum_u64(equal);
+    if (lane == 0 && above + greater < need && need <= above + greater + equal) {
+      for (int r = 0; r < blocks; ++r) *cluster_slot(&ds.threshold, r, blocks) = key;
+    }
+  }
+  row_sync(blocks);  // the threshold is in every block
+  return ds.threshold;
+}
+
 }  // namespace sample_detail
 
 // How the threshold kernel splits a row: `blocks` blocks (one cluster when > 1) of
@@ -670,6 +816,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   using namespace sample_detail;
   extern __shared__ uint4 cached_keys[];  // the slice's keys, 4 per entry
   __shared__ SampleShared sh;
+  __shared__ SampleDistShared ds;
   int64_t const row = blockIdx.x / split.blocks;
   int const rank = static_cast<int>(blockIdx.x % split.blocks);
   int const b = static_cast<int>(row / rows_per_request);
@@ -765,14 +912,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();  // the cached keys are complete
   float const max_z = unpack_value(row_max_u64<kThreads>(slice_best, split.blocks, sh)) * inv_t;
   uint32_t min_key = 0;
+  bool radix = false;  // row_radix_select ran: its last remote reads need the closing barrier
   if (isfinite(max_z)) {  // else sample_kernel reports kSampleBadLogits from the argmaxes
     int pass = 0;
+    // The distance select where the slice is cached and the chosen bin fits the list, else the
+    // radix passes. kCount: every key counts 1.
+    auto select = [&](auto count, auto&& units, auto&& need_of) {
+      if (split.cached) {
+        uint32_t const key = row_distance_select<decltype(count)::value, kThreads>(
+            for_each_key_in, lo, hi, units, need_of, max_z, rank, split.blocks, ds, sh);
+        if (key != kSampleNoKey) return key;
+      }
+      radix = true;
+      return row_radix_select(for_each_key_in, lo, hi, units, need_of, split.blocks, pass, sh);
+    };
     // 2. top-k: the k-th largest key.
     if (sample_uses_top_k(top_k, vocab)) {
-      min_key = row_radix_select(
-          for_each_key_in, lo, hi, [](uint32_t) { return 1ull; },
-          [&](unsigned long long) { return static_cast<unsigned long long>(top_k); }, split.blocks,
-          pass, sh);
+      min_key = select(
+          std::true_type{}, [](uint32_t) { return 1ull; },
+          [&](unsigned long long) { return static_cast<unsigned long long>(top_k); });
     }
     // 3. top-p over the kept tokens, in fixed-point weight units.
     if (sample_uses_top_p(top_p)) {
@@ -786,8 +944,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         return static_cast<unsigned long long>(
             ceil(static_cast<double>(top_p) * static_cast<double>(total)));
       };
-      min_key = max(min_key, row_radix_select(for_each_key_in, lo, hi, units, need_of,
-                                              split.blocks, pass, sh));
+      min_key = max(min_key, select(std::false_type{}, units, need_of));
     }
     // 4. Each chunk's kept mass about its own maximum.
     for (int c = c_lo; c < c_hi; ++c) {
@@ -804,7 +961,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   if (rank == 0 && threadIdx.x == 0) min_keys[row] = min_key;
-  row_sync(split.blocks);  // no block leaves while another still reads its shared memory
+  // No block leaves while another still reads its shared memory (the distance select's last
+  // remote access is before its closing barrier).
+  if (radix || !isfinite(max_z)) row_sync(split.blocks);
 }
 
 // Launches sample_row_thresholds_kernel over `rows` rows, at most `max_blocks` blocks per row
