@@ -85,6 +85,18 @@ struct SampleShared {
 
 namespace sample_detail {
 
+// A bin's units in two 32-bit shared counters (see kSampleUnitScale): adds u < 2^32 ...
+__device__ inline void add_split_units(uint32_t* high, uint32_t* low, int bin,
+                                       unsigned long long u) {
+  if (u >> 16) atomicAdd(high + bin, static_cast<uint32_t>(u >> 16));
+  if (u & 0xffffu) atomicAdd(low + bin, static_cast<uint32_t>(u & 0xffffu));
+}
+// ... and reads the bin's sum back.
+__device__ inline unsigned long long split_units(uint32_t const* high, uint32_t const* low,
+                                                 int bin) {
+  return (static_cast<unsigned long long>(high[bin]) << 16) + low[bin];
+}
+
 // Block-wide reductions over blocks of kThreads (<= kSampleThreads); every thread gets the same
 // value (same summation order everywhere).
 template <int kThreads = kSampleThreads>
@@ -577,12 +589,7 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
       // for many keys.
       uint32_t run_bin = 0;
       unsigned long long run = 0;
-      auto flush = [&] {
-        if (run >> 16) atomicAdd(&sh.segment_high[run_bin], static_cast<uint32_t>(run >> 16));
-        if (run & 0xffffu) {
-          atomicAdd(&sh.segment_low[run_bin], static_cast<uint32_t>(run & 0xffffu));
-        }
-      };
+      auto flush = [&] { add_split_units(sh.segment_high, sh.segment_low, run_bin, run); };
       for_each_key_in(seg, min(hi, seg + kSampleSegment), [&](int, uint32_t key) {
         if ((key & mask) != prefix) return;
         uint32_t const bin = (key >> shift) & 0xffu;
@@ -596,7 +603,7 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
       flush();
       __syncthreads();
       if (owns_bin) {
-        block_bin += (static_cast<unsigned long long>(sh.segment_high[t]) << 16) + sh.segment_low[t];
+        block_bin += split_units(sh.segment_high, sh.segment_low, t);
       }
       __syncthreads();  // read before the next segment clears
     }
@@ -697,15 +704,11 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
     if (u == 0) return;
     int const bin = distance_bin(key, max_z);
     atomicAdd(&ds.count[bin], 1u);
-    if constexpr (!kCount) {
-      if (u >> 16) atomicAdd(&ds.high[bin], static_cast<uint32_t>(u >> 16));
-      if (u & 0xffffu) atomicAdd(&ds.low[bin], static_cast<uint32_t>(u & 0xffffu));
-    }
+    if constexpr (!kCount) add_split_units(ds.high, ds.low, bin, u);
   });
   __syncthreads();
   if (owns_bin) {
-    ds.units[t] = kCount ? ds.count[t]
-                         : (static_cast<unsigned long long>(ds.high[t]) << 16) + ds.low[t];
+    ds.units[t] = kCount ? ds.count[t] : split_units(ds.high, ds.low, t);
   }
   row_sync(blocks);  // every block's histogram is published
   // Thread t < bins: bin t over the row, and the keys of bin t in the blocks before this one.
