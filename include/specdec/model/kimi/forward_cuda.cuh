@@ -40,7 +40,9 @@
 //   MoE:   router logits = xn gate^T in fp32 (cuda::router_logits up to 8 tokens, else SGEMM, on
 //          an fp32 copy of gate: expert choice must not hinge on bf16 rounding), ops::moe_route,
 //          ops::moe_experts (fp32 xn, bf16 or INT4 experts) and the shared experts as dense,
-//          both added into x (tensor parallel: into y, summed over the ranks, then x += y)
+//          both added into x (tensor parallel: into y, summed over the ranks, then x += y);
+//          up to kSharedExpertsSideMaxTokens tokens the shared experts run on the model's side
+//          stream beside the router and the routed experts, joined before their sum is added
 // then logits = rms(x, norm) lm_head^T (fp32). aux: the residual stream x after the listed layers.
 // Versus the CPU executor (fp32 everywhere): logits agree to bf16 activation rounding (about 1e-2
 // relative at the tiny preset), greedy tokens where the top-2 gap exceeds that.
@@ -122,6 +124,11 @@ struct CudaLayer {
   ops::MoeExpertWeights experts;       // device pointer tables of the experts held (moe)
 };
 
+// Forwards of up to this many tokens run a MoE layer's shared experts on the model's side stream,
+// beside the routed experts (cuda_mlp). Measured on the kimi-k2.5-1gpu preset (graph replays,
+// benchmarks/RESULTS.md): 3-4% faster at 1-8 tokens, 1% at 16, 2% slower at 32.
+constexpr int64_t kSharedExpertsSideMaxTokens = 16;
+
 // The workspace each cuBLAS handle is given once, so that it never allocates inside a forward (a
 // graph capture): the target's and the draft's (model/eagle/forward_cuda.cuh).
 inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
@@ -182,10 +189,19 @@ class KimiCudaModel {
 
   cublasHandle_t cublas() const { return cublas_.get(); }
   bool loaded() const { return cublas_ != nullptr; }
+  // A second stream, with its own cuBLAS handle (bound to it, with its own workspace) and the
+  // two events that fork work onto it and join it back: a MoE layer's shared experts run there
+  // beside the router and the routed experts (cuda_mlp). Inside a graph capture the fork and the
+  // join become the graph's edges.
+  cudaStream_t side_stream() const { return side_stream_.get(); }
+  cublasHandle_t side_cublas() const { return side_cublas_.get(); }
+  cudaEvent_t fork_event() const { return fork_event_.get(); }
+  cudaEvent_t join_event() const { return join_event_.get(); }
 
   // Scratch of a forward over T tokens; grown, never shrunk.
   struct Scratch {
     float *x, *xn, *q, *qa, *kva, *qabs, *lat, *g, *router, *moe_y, *moe_w, *logits, *aux;
+    float* shared_y;  // [T, H]: the shared experts' output when they run on the side stream
     float *part, *gathered;  // tensor parallel: a partial output [T, H]; logits slices [P, T, V/P]
     uint64_t *keys, *keys_all;  // row argmax keys [T], every rank's [P, T] (LogitsMode::kArgmax)
     int32_t* argmax;            // [T]
@@ -200,9 +216,19 @@ class KimiCudaModel {
   struct CublasDeleter {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
+  struct StreamDeleter {
+    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  };
+  struct EventDeleter {
+    void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+  };
   std::unique_ptr<cublasContext, CublasDeleter> cublas_;
   DeviceBuffer<uint8_t> arena_;  // the weights
   DeviceBuffer<uint8_t> cublas_workspace_;
+  std::unique_ptr<CUstream_st, StreamDeleter> side_stream_;
+  std::unique_ptr<cublasContext, CublasDeleter> side_cublas_;
+  DeviceBuffer<uint8_t> side_cublas_workspace_;
+  std::unique_ptr<CUevent_st, EventDeleter> fork_event_, join_event_;
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
 
@@ -636,17 +662,32 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
     }
   }
   SPECDEC_CUDA_TRY(cudaDeviceSynchronize());
-  cublasHandle_t h = nullptr;
-  SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
-  m.cublas_.reset(h);
-  // cuBLAS's workspace, set once: it never allocates inside a forward (a graph capture).
-  m.cublas_workspace_ = DeviceBuffer<uint8_t>(kCublasWorkspaceBytes);
-  if (m.cublas_workspace_.data() == nullptr) {
-    return Status::CudaError(fn + "cudaMalloc of the cuBLAS workspace failed");
+  // Each cuBLAS handle gets its workspace once: it never allocates inside a forward (a graph
+  // capture), and the two handles' GEMMs may run at the same time.
+  auto make_cublas = [&](std::unique_ptr<cublasContext, KimiCudaModel::CublasDeleter>* handle,
+                         DeviceBuffer<uint8_t>* workspace) -> Status {
+    cublasHandle_t h = nullptr;
+    SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
+    handle->reset(h);
+    *workspace = DeviceBuffer<uint8_t>(kCublasWorkspaceBytes);
+    if (workspace->data() == nullptr) {
+      return Status::CudaError(fn + "cudaMalloc of a cuBLAS workspace failed");
+    }
+    return cublas_status(cublasSetWorkspace(h, workspace->data(), kCublasWorkspaceBytes),
+                         "cublasSetWorkspace");
+  };
+  SPECDEC_RETURN_IF_ERROR(make_cublas(&m.cublas_, &m.cublas_workspace_));
+  SPECDEC_RETURN_IF_ERROR(make_cublas(&m.side_cublas_, &m.side_cublas_workspace_));
+  cudaStream_t side = nullptr;
+  SPECDEC_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  m.side_stream_.reset(side);
+  SPECDEC_RETURN_IF_ERROR(
+      cublas_status(cublasSetStream(m.side_cublas_.get(), side), "cublasSetStream (side)"));
+  for (auto* e : {&m.fork_event_, &m.join_event_}) {
+    cudaEvent_t event = nullptr;
+    SPECDEC_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    e->reset(event);
   }
-  SPECDEC_RETURN_IF_ERROR(cublas_status(
-      cublasSetWorkspace(h, m.cublas_workspace_.data(), kCublasWorkspaceBytes),
-      "cublasSetWorkspace"));
   *out = std::move(m);
   return Status::Ok();
 }
@@ -704,6 +745,7 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
     s->g = cv.take<float>(T * 2 * inter);  // [T, 2 I]: gate | up, one GEMM's output
     s->router = cv.take<float>(T * E);
     s->moe_y = cv.take<float>(T * H);
+    s->shared_y = cv.take<float>(std::min(T, kSharedExpertsSideMaxTokens) * H);
     s->moe_w = cv.take<float>(T * K);
     s->logits = cv.take<float>(T * V);
     s->aux = cv.take<float>(T * A * H);
@@ -906,12 +948,13 @@ inline Status build_meta(MlaCache const& cache, ForwardPlan const& plan, BatchPa
   return Status::Ok();
 }
 
-// y = beta y + down(silu(xn gate^T) * (xn up^T)) over T tokens, y [T, H] fp32.
-inline Status cuda_swiglu(KimiCudaModel const& m, CudaMlp const& w, int64_t T,
-                          KimiCudaModel::Scratch const& s, float* y, float beta,
-                          cudaStream_t stream) {
-  int64_t const H = m.config.hidden_size, I = w.inter;
-  cublasHandle_t const h = m.cublas();
+// y = beta y + down(silu(xn gate^T) * (xn up^T)) over T tokens, y [T, H] fp32, on the stream
+// cuBLAS handle h is bound to (scratch: s.g, s.h_bf).
+inline Status cuda_swiglu(cublasHandle_t h, CudaMlp const& w, int64_t T, int64_t H,
+                          KimiCudaModel::Scratch const& s, float* y, float beta) {
+  int64_t const I = w.inter;
+  cudaStream_t stream = nullptr;
+  SPECDEC_RETURN_IF_ERROR(cublas_status(cublasGetStream(h, &stream), "cublasGetStream"));
   // gate and up in one GEMM (up_proj = gate_proj + I * H): s.g [T, 2 I] = [g | u]
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, 2 * I, H, s.xn_bf, H, w.gate_proj, s.g, CUDA_R_32F,
                                     2 * I, 0.0f, "gemm gate_proj + up_proj (stacked)"));
@@ -1042,11 +1085,25 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   CudaLayer const& l = m.layers[static_cast<size_t>(li)];
   if (!l.moe) {
     float* const part = m.comm ? s.part : s.x;
-    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.mlp, T, s, part, m.comm ? 0.0f : 1.0f, stream));
+    SPECDEC_RETURN_IF_ERROR(
+        cuda_swiglu(m.cublas(), l.mlp, T, c.hidden_size, s, part, m.comm ? 0.0f : 1.0f));
     return cuda_reduce_into_x(m, T, part, s, stream);
   }
   int64_t const H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   float const one = 1.0f, zero = 0.0f;
+  // With few tokens the shared experts run on the side stream, into s.shared_y, while the router,
+  // moe_route and the routed experts run on this one: the router's chain of small kernels leaves
+  // the HBM idle and the routed experts' streams leave it short of its bandwidth, which the shared
+  // experts' weights fill. s.shared_y is then added into y after the routed experts, as the shared
+  // down projection accumulated into y when it ran here (it still does above the bound).
+  bool const side = l.has_shared_experts && T <= kSharedExpertsSideMaxTokens;
+  if (side) {
+    SPECDEC_CUDA_TRY(cudaEventRecord(m.fork_event(), stream));
+    SPECDEC_CUDA_TRY(cudaStreamWaitEvent(m.side_stream(), m.fork_event(), 0));
+    SPECDEC_RETURN_IF_ERROR(
+        cuda_swiglu(m.side_cublas(), l.shared_experts, T, H, s, s.shared_y, 0.0f));
+    SPECDEC_CUDA_TRY(cudaEventRecord(m.join_event(), m.side_stream()));
+  }
   // Router logits [T, E] in fp32: a decode's or verify's few tokens in one kernel, more as a
   // GEMM (column-major logits^T [E, T] = gate [E, H] xn^T).
   if (cuda::router_logits_fits(T, H, s.xn, l.gate)) {
@@ -1094,8 +1151,11 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   ep.workspace_bytes =
       ops::moe_experts_workspace_bytes(ep.tokens, ep.top_k, ep.experts, ep.hidden, ep.inter);
   SPECDEC_RETURN_IF_ERROR(ops::moe_experts(CudaExecutor{stream}, ep));
-  if (l.has_shared_experts) {
-    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m, l.shared_experts, T, s, y, 1.0f, stream));
+  if (side) {
+    SPECDEC_CUDA_TRY(cudaStreamWaitEvent(stream, m.join_event(), 0));
+    SPECDEC_RETURN_IF_ERROR(cuda::add_into(y, s.shared_y, T * H, stream));
+  } else if (l.has_shared_experts) {
+    SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m.cublas(), l.shared_experts, T, H, s, y, 1.0f));
   }
   return cuda_reduce_into_x(m, T, y, s, stream);
 }
