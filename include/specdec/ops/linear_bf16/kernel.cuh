@@ -1,6 +1,8 @@
 // linear_bf16 CUDA kernel: y [T, out] = beta y + x [T, in] W^T, T <= 8, on tensor cores.
-// Block (x, b) owns 16 output rows of product b (batched: params.hpp); its 8 warps split k into
-// 32-column chunks (warp w takes chunks w, w + 8, ...), each chunk one pair of mma.sync m16n8k16
+// Block (x, b) owns 16 output rows of product b (batched: params.hpp); its 8 warps (16 where the
+// grid gives no SM more than one block: twice the loads in flight, q_a + kv_a's 132 blocks 0.84x
+// the time) split k into 32-column chunks (warp w takes chunks w, w + 8, ...: the stride is the
+// warp count), each chunk one pair of mma.sync m16n8k16
 // (bf16 operands, fp32 accumulators):
 // A = the 16 weight rows, B = x^T with the T tokens as its 8 columns (the rest zero).
 // Lane (g = lane / 4, c = lane % 4) loads 16 bytes of weight rows g and g + 8 and of token g's x,
@@ -31,6 +33,7 @@ namespace linear_bf16_detail {
 
 constexpr int kRows = 16;    // output rows per block (the mma's M)
 constexpr int kWarps = 8;    // warps per block, splitting k
+constexpr int kWideWarps = 16;  // ... where the grid leaves an SM at most one block
 constexpr int kUnroll = 4;   // chunks in flight per warp (4 x 1 KB of weights)
 constexpr int kChunk = 32;   // columns per warp per chunk (4 lanes x 8)
 
@@ -42,7 +45,8 @@ __device__ __forceinline__ uint4 load_streaming(uint16_t const* p) {
   return v;
 }
 
-static __global__ void __launch_bounds__(kWarps * 32)
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     linear_bf16_kernel(__grid_constant__ LinearBf16Params const p) {
   __shared__ float partial[kWarps][32 * 4];
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -104,7 +108,15 @@ inline Status linear_bf16_cuda(LinearBf16Params const& p, cudaStream_t stream) {
   using namespace linear_bf16_detail;
   int64_t const blocks = (p.out + kRows - 1) / kRows;
   dim3 const grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.batch));
-  return launch_kernel("linear_bf16_kernel", linear_bf16_kernel, grid, kWarps * 32, 0, stream, p);
+  int device = 0, sms = 0;
+  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
+  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (blocks * p.batch <= sms) {
+    return launch_kernel("linear_bf16_kernel<16>", linear_bf16_kernel<kWideWarps>, grid,
+                         kWideWarps * 32, 0, stream, p);
+  }
+  return launch_kernel("linear_bf16_kernel<8>", linear_bf16_kernel<kWarps>, grid, kWarps * 32, 0,
+                       stream, p);
 }
 
 }  // namespace specdec::ops
