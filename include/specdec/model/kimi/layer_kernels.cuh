@@ -12,7 +12,8 @@
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
 //                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
-//   add_into        x [n] += part [n] (fp32; a tensor-parallel partial sum into the residual)
+//   add_into        x [n] += part [n] (fp32: a tensor-parallel partial sum, or the shared
+//                   experts' output, into the residual)
 //   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
 //                   one block per expert, every token (the fp32 router of a decode / verify step
 //                   in one launch; a GEMM library runs T = 1 as a dot and a reduction kernel)
@@ -21,7 +22,10 @@
 //   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
 //                   [first, first + n); argmax_of_keys: argmax_of_keys_reference over keys [P, T]
 // Every launcher takes a stream, never synchronises and returns the launch status; every kernel
-// is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
+// is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel). The norms and
+// the router load their weights before they wait for the kernel before them, so a row's wait is
+// one round of L2 latency for the activations, not one of HBM latency for the weights (measured,
+// benchmarks/RESULTS.md: verify chain 4 14.93 -> 14.58 ms, decode B=1 12.68 -> 12.64).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -69,22 +73,40 @@ __device__ __forceinline__ void rms_norm_store(float xj, uint16_t wj, double inv
   if (br) br[j] = float_to_bf16(y);
 }
 
-// One block normalises one row of n values (every thread of the block calls it): yr (fp32,
-// nullptr: none) and br (bf16, nullptr: none) receive it.
+// A thread's elements threadIdx.x + i * kNormThreads of a norm weight of n <= kNormCached values
+// (rms_norm_row's cached layout; longer rows read the weight as they go). A kernel loads them
+// before it waits for the one before it: nothing on the stream writes a weight.
+struct NormWeightShare {
+  uint16_t w[kNormPerThread];
+};
+__device__ __forceinline__ NormWeightShare load_norm_weight(uint16_t const* __restrict__ weight,
+                                                            int n) {
+  NormWeightShare share{};
+  if (n > kNormCached) return share;
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    int const j = threadIdx.x + i * kNormThreads;
+    share.w[i] = j < n ? weight[j] : uint16_t{0};
+  }
+  return share;
+}
+
+// One block normalises one row of n values (every thread of the block calls it, with its share
+// of the weight from load_norm_weight(weight, n)): yr (fp32, nullptr: none) and br (bf16,
+// nullptr: none) receive it.
 __device__ __forceinline__ void rms_norm_row(float const* __restrict__ xr,
-                                             uint16_t const* __restrict__ weight, int n,
-                                             double eps, float* yr, uint16_t* br) {
+                                             uint16_t const* __restrict__ weight,
+                                             NormWeightShare const& wv, int n, double eps,
+                                             float* yr, uint16_t* br) {
   __shared__ double partial[kNormThreads / 32];
   bool const cached = n <= kNormCached;
   float xv[kNormPerThread];
-  uint16_t wv[kNormPerThread];
   double ss = 0.0;
   if (cached) {
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
       int const j = threadIdx.x + i * kNormThreads;
       xv[i] = j < n ? xr[j] : 0.0f;
-      wv[i] = j < n ? weight[j] : uint16_t{0};
     }
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) ss += static_cast<double>(xv[i]) * xv[i];
@@ -102,7 +124,7 @@ __device__ __forceinline__ void rms_norm_row(float const* __restrict__ xr,
 #pragma unroll
     for (int i = 0; i < kNormPerThread; ++i) {
       int const j = threadIdx.x + i * kNormThreads;
-      if (j < n) rms_norm_store(xv[i], wv[i], inv, yr, br, j);
+      if (j < n) rms_norm_store(xv[i], wv.w[i], inv, yr, br, j);
     }
   } else {
 #pragma unroll 4
@@ -117,11 +139,12 @@ static __global__ void __launch_bounds__(kNormThreads)
                          uint16_t const* __restrict__ weight, int n, double eps, float* out,
                          int64_t out_stride, int32_t const* __restrict__ out_rows,
                          uint16_t* out_bf16, int64_t bf16_stride) {
+  NormWeightShare const wv = load_norm_weight(weight, n);
   await_prior_kernels();
   int64_t const t = blockIdx.x;
   float* yr = out ? out + (out_rows ? static_cast<int64_t>(out_rows[t]) : t) * out_stride : nullptr;
   uint16_t* br = out_bf16 ? out_bf16 + t * bf16_stride : nullptr;
-  rms_norm_row(x + t * x_stride, weight, n, eps, yr, br);
+  rms_norm_row(x + t * x_stride, weight, wv, n, eps, yr, br);
 }
 
 // rows T of n values: x row t at x + t * x_stride; fp32 out row at out + (out_rows ? out_rows[t]
@@ -193,18 +216,21 @@ struct MlaLatentRows {
 };
 
 static __global__ void __launch_bounds__(kNormThreads) mla_latent_rows_kernel(MlaLatentRows p) {
-  await_prior_kernels();
   int64_t const q_blocks = p.q_lora > 0 ? p.tokens : 0;
-  if (blockIdx.x < q_blocks) {
+  bool const q_block = blockIdx.x < q_blocks;
+  NormWeightShare const wv = load_norm_weight(q_block ? p.q_norm : p.kv_norm,
+                                              q_block ? p.q_lora : p.kv_lora);
+  await_prior_kernels();
+  if (q_block) {
     int64_t const t = blockIdx.x;
-    rms_norm_row(p.qa + t * p.stride, p.q_norm, p.q_lora, p.eps, nullptr,
+    rms_norm_row(p.qa + t * p.stride, p.q_norm, wv, p.q_lora, p.eps, nullptr,
                  p.qa_bf + t * p.q_lora);
     return;
   }
   int64_t const t = blockIdx.x - q_blocks;
   float const* in = p.qa + t * p.stride + p.q_lora;
   float* row = p.cache + static_cast<int64_t>(p.rows[t]) * p.cache_stride;
-  rms_norm_row(in, p.kv_norm, p.kv_lora, p.eps, row, nullptr);
+  rms_norm_row(in, p.kv_norm, wv, p.kv_lora, p.eps, row, nullptr);
   for (int k = threadIdx.x; k < p.pairs; k += blockDim.x) {
     rope_pair(in + p.kv_lora + 2 * k, row + p.kv_lora + 2 * k, p.positions[t], p.inv_freq[k],
               p.cos_sin_scale);
@@ -296,6 +322,7 @@ inline Status add_into(float* x, float const* part, int64_t n, cudaStream_t stre
 
 constexpr int kRouterMaxTokens = 8;
 constexpr int kRouterWarps = 8;
+constexpr int kRouterEarly = 8;  // float4 of its gate row a thread loads before the wait
 
 // Block e: expert e's row over its 8 warps (thread i takes float4 columns i, i + 256, ...; all
 // loads of a 7168-wide row in flight at once), each token's sum per thread in column order, a
@@ -303,22 +330,38 @@ constexpr int kRouterWarps = 8;
 static __global__ void __launch_bounds__(kRouterWarps * 32)
     router_logits_kernel(float const* __restrict__ x, float const* __restrict__ gate, int T,
                          int64_t E, int64_t H, float* __restrict__ logits) {
-  await_prior_kernels();
   __shared__ float partial[kRouterWarps][kRouterMaxTokens];
   int64_t const e = blockIdx.x;
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float4 const* g4 = reinterpret_cast<float4 const*>(gate + e * H);
-  float sum[kRouterMaxTokens] = {};
   int64_t const H4 = H / 4;
-#pragma unroll 4
-  for (int64_t k = threadIdx.x; k < H4; k += kRouterWarps * 32) {
-    float4 const w = __ldcs(g4 + k);
+  // The row's first kRouterEarly float4 per thread (all of a row up to 8192 wide) are loaded
+  // before the wait: the gate is a weight, which nothing on the stream writes.
+  float4 early[kRouterEarly];
+#pragma unroll
+  for (int u = 0; u < kRouterEarly; ++u) {
+    int64_t const k = threadIdx.x + u * kRouterWarps * 32;
+    early[u] = k < H4 ? __ldcs(g4 + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  await_prior_kernels();
+  float sum[kRouterMaxTokens] = {};
+  auto add = [&](int64_t k, float4 const w) {
 #pragma unroll
     for (int t = 0; t < kRouterMaxTokens; ++t) {
       if (t >= T) break;
       float4 const v = __ldg(reinterpret_cast<float4 const*>(x + t * H) + k);
       sum[t] = fmaf(v.x, w.x, fmaf(v.y, w.y, fmaf(v.z, w.z, fmaf(v.w, w.w, sum[t]))));
     }
+  };
+#pragma unroll
+  for (int u = 0; u < kRouterEarly; ++u) {
+    int64_t const k = threadIdx.x + u * kRouterWarps * 32;
+    if (k < H4) add(k, early[u]);
+  }
+#pragma unroll 4
+  for (int64_t k = threadIdx.x + kRouterEarly * kRouterWarps * 32; k < H4;
+       k += kRouterWarps * 32) {
+    add(k, __ldcs(g4 + k));
   }
 #pragma unroll
   for (int t = 0; t < kRouterMaxTokens; ++t) {
