@@ -32,8 +32,8 @@ namespace specdec::ops {
 namespace linear_bf16_detail {
 
 constexpr int kRows = 16;    // output rows per block (the mma's M)
-constexpr int kWarps = 8;    // warps per block, splitting k
-constexpr int kWideWarps = 16;  // ... where the grid leaves an SM at most one block
+constexpr int kNarrowWarps = 8;  // warps per block, splitting k
+constexpr int kWideWarps = 16;   // ... where the grid leaves an SM at most one block
 constexpr int kUnroll = 4;   // chunks in flight per warp (4 x 1 KB of weights)
 constexpr int kChunk = 32;   // columns per warp per chunk (4 lanes x 8)
 
@@ -115,8 +115,8 @@ inline Status linear_bf16_cuda(LinearBf16Params const& p, cudaStream_t stream) {
     return launch_kernel("linear_bf16_kernel<16>", linear_bf16_kernel<kWideWarps>, grid,
                          kWideWarps * 32, 0, stream, p);
   }
-  return launch_kernel("linear_bf16_kernel<8>", linear_bf16_kernel<kWarps>, grid, kWarps * 32, 0,
-                       stream, p);
+  return launch_kernel("linear_bf16_kernel<8>", linear_bf16_kernel<kNarrowWarps>, grid,
+                       kNarrowWarps * 32, 0, stream, p);
 }
 
 }  // namespace specdec::ops
