@@ -10,6 +10,8 @@
 // experts (tensor cores, bf16 operands) 1e-3 against the reference in its bf16_operands mode (an
 // h on the other side of a bf16 rounding boundary moves y by ~2^-9 of one of I terms) and
 // kInt4ExactTol against the exact reference (the bf16 rounding of x, the weights and h).
+// accumulate adds the sum to y; given x_bf16 and an addend that another stream writes ~2 ms late
+// (addend_ready), the result is the plain launch's plus the addend, bit for bit.
 // A CUDA-graph test captures one launch and replays it after x and ids change in place. The INT4
 // weights reach the kernels through the CUDA conversion to the tiled order, itself compared word
 // for word with the CPU's over shapes with partial chunks and Kimi-K2.5's matrices.
@@ -282,6 +284,13 @@ std::vector<float> reference(Experts const& X, Routed const& r, int T, bool bf16
   return y;
 }
 
+// Holds a stream for `cycles` clock cycles (work that lands late on another stream).
+__global__ void spin_kernel(int64_t cycles) {
+  int64_t const start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 // The GPU's y against the reference(s) of its format (the top of the file).
 void check_reference(Experts const& X, Routed const& r, int T, std::vector<float> const& gpu) {
   if (!X.int4) {
@@ -355,7 +364,7 @@ TEST_CASE("moe_experts: GPU output matches the CPU reference") {
   MESSAGE("compared " << runs << " launches");
 }
 
-TEST_CASE("moe_experts: accumulate adds the experts' sum to y (the residual), not overwriting") {
+TEST_CASE("moe_experts: accumulate adds the sum to y; x_bf16 and a late addend, the same bits") {
   for (int G : {32, 0}) {  // INT4, bf16
     CAPTURE(G);
     Shape const s{1024, 512, 64, 6, G};
@@ -377,6 +386,47 @@ TEST_CASE("moe_experts: accumulate adds the experts' sum to y (the residual), no
     std::vector<float> added(gpu.size());
     for (size_t i = 0; i < gpu.size(); ++i) added[i] = gpu[i] - y0[i];
     check_reference(X, routed, T, added);
+
+    // The forward's form: x's bf16 copy from the norm (INT4: no conversion kernel) and the
+    // shared experts' output, written on a side stream, added by the last kernel after an event.
+    // Against the launch above: bit for bit (the same bf16 operand; y = (y0 + m) + addend).
+    std::vector<uint16_t> xb(routed.x.size());
+    for (size_t i = 0; i < xb.size(); ++i) xb[i] = float_to_bf16(routed.x[i]);
+    DeviceBuffer<uint16_t> dxb(xb);
+    std::vector<float> const add = testing::random_logits(rng, T, s.H, 1.0f);
+    DeviceBuffer<float> staged(add), daddend(add.size());
+    REQUIRE(daddend.fill_bytes(0xff).ok());
+    cudaStream_t main = nullptr, side = nullptr;
+    cudaEvent_t ready = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(run.y.upload(y0).ok());
+    REQUIRE(run.workspace.fill_bytes(0xff).ok());
+    // The addend lands on the side stream after a delay the main stream does not wait for.
+    spin_kernel<<<1, 1, 0, side>>>(int64_t{4} << 20);  // ~2 ms
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(daddend.data(), staged.data(), add.size() * sizeof(float),
+                            cudaMemcpyDeviceToDevice, side) == cudaSuccess);
+    REQUIRE(cudaEventRecord(ready, side) == cudaSuccess);
+    run.p.x_bf16 = dxb.data();
+    run.p.addend = daddend.data();
+    run.p.addend_ready = ready;
+    Status const late = moe_experts(CudaExecutor{main}, run.p);
+    REQUIRE_MESSAGE(late.ok(), late.to_string());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> const got = run.y.download();
+    int bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      float const want = gpu[i] + add[i];
+      if (std::memcmp(&got[i], &want, sizeof(float)) != 0 && bad++ < 5) {
+        FAIL_CHECK("y[" << i << "] = " << got[i] << ", want " << want);
+      }
+    }
+    CHECK(bad == 0);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(side);
+    cudaStreamDestroy(main);
   }
 }
 

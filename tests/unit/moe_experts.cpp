@@ -249,6 +249,18 @@ TEST_CASE("moe_experts: hand-worked INT4 case (nibble order, groups, scales)") {
     double const want = 1.0 + (j == 31 ? -21.0 * silu(3.0) : 0.0);
     CHECK(y[static_cast<size_t>(j)] == doctest::Approx(want).epsilon(1e-6));
   }
+  // addend: added after the sum, in float, as a second add: (y + m) + addend.
+  std::vector<float> addend(32);
+  for (int j = 0; j < 32; ++j) addend[static_cast<size_t>(j)] = 0.5f * static_cast<float>(j);
+  std::vector<float> const y_before = y;
+  std::fill(y.begin(), y.end(), 1.0f);
+  p.addend = addend.data();
+  REQUIRE(moe_experts(CpuExecutor{}, p).ok());
+  for (int j = 0; j < 32; ++j) {
+    CAPTURE(j);
+    size_t const i = static_cast<size_t>(j);
+    CHECK(y[i] == y_before[i] + addend[i]);  // exact: the same float adds
+  }
 }
 
 TEST_CASE("moe_experts: reference matches dequantise + float SwiGLU on random experts") {
@@ -384,13 +396,23 @@ TEST_CASE("moe_experts: the INT4 tiled order, worked by hand") {
     CAPTURE(c);
     CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   }
-  // The conversion moves whole pieces: word k of piece (r, p) lands as word k of its place.
+  // A word's nibbles (column k's at bits 4k) go to the order 0 2 4 6 1 3 5 7: columns 2i, 2i + 1
+  // in nibbles i, i + 4.
+  CHECK(moe_int4_pair_nibbles(0x76543210u) == 0x75316420u);
+  CHECK(moe_int4_pair_nibbles(0x000000F0u) == 0x000F0000u);  // column 1 -> nibble 4
+  CHECK(moe_int4_pair_nibbles(0xF0000000u) == 0xF0000000u);         // column 7 -> nibble 7
+  // The conversion moves whole pieces: word k of piece (r, p) lands as word k of its place, its
+  // nibbles reordered.
   std::vector<int32_t> src(static_cast<size_t>(rows * cols / 8)), dst(src.size(), -1);
-  std::iota(src.begin(), src.end(), 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int32_t>(0x9E3779B9u * (i + 1));
   REQUIRE(moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, cols, dst.data()).ok());
-  CHECK(dst[4 * 64 + 0] == 4 * (0 * 5 + 4) + 0);   // (0, 4) word 0
-  CHECK(dst[4 * 86 + 3] == 4 * (17 * 5 + 2) + 3);  // (17, 2) word 3
-  CHECK(dst[4 * 159 + 1] == 4 * (31 * 5 + 4) + 1);  // (31, 4) word 1
+  auto moved = [&](int64_t r, int64_t p, int k) {
+    uint32_t const word = static_cast<uint32_t>(src[static_cast<size_t>(4 * (r * 5 + p) + k)]);
+    return static_cast<int32_t>(moe_int4_pair_nibbles(word));
+  };
+  CHECK(dst[4 * 64 + 0] == moved(0, 4, 0));
+  CHECK(dst[4 * 86 + 3] == moved(17, 2, 3));
+  CHECK(dst[4 * 159 + 1] == moved(31, 4, 1));
 
   // Shapes without a tiled order, null and overlapping buffers are refused by name.
   testing::check_error(moe_experts_tile_int4(CpuExecutor{}, src.data(), 24, cols, dst.data()),
@@ -446,4 +468,13 @@ TEST_CASE("moe_experts: CUDA workspace size, layout and its refusal") {
   p.workspace = ws.data();
   p.x = x.data() + 1;
   testing::check_error(validate_cuda(p), StatusCode::kInvalidArgument, {"x is not 16-byte aligned"});
+  p.x = x.data();
+  p.addend = x.data() + 2;
+  testing::check_error(validate_cuda(p), StatusCode::kInvalidArgument,
+                       {"addend is not 16-byte aligned"});
+  p.addend = x.data();
+  std::vector<uint16_t> const xb(64 * 2 + 8);
+  p.x_bf16 = xb.data() + 1;
+  testing::check_error(validate_cuda(p), StatusCode::kInvalidArgument,
+                       {"x_bf16 is not 16-byte aligned"});
 }

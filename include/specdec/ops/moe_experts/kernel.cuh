@@ -10,13 +10,13 @@
 //      per-warp start positions and the list of active experts (increasing id, -1 padded), then
 //      every warp scatters its segment in order into sorted [N]. Ids outside [0, E) are left out.
 //   INT4 experts, on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation):
-//   2. to_bf16: x [T, H] -> xb [T, H] bf16 (round to nearest even), each 8-column word stored in
-//      the order 0 4 1 5 2 6 3 7 (see "Fragments" below).
+//   2. to_bf16: x [T, H] -> xb [T, H] bf16 (round to nearest even), skipped where the caller
+//      passes x_bf16 (the same values), which gate / up then read instead.
 //   3. int4_mma<gate_up> grid (ceil(I / 16), S = min(E, N) slots) x 4 warps: block (x, s) takes
 //      the s-th active expert (exits at once past the active count) and rows 16x .. 16x + 15 of
 //      gate and of up; its 4 warps split H into 128-column chunks (split K) and the block sums
-//      their accumulators in shared memory in warp order; h = silu(g) * u is written as bf16 in
-//      the word order of 2. (workspace h, by sorted position).
+//      their accumulators in shared memory in warp order; h = silu(g) * u is written as bf16
+//      (workspace h, by sorted position).
 //   4. int4_mma<down> grid (ceil(H / 128), S) x 4 warps: warp w takes 32 rows of down_e (two
 //      16-row tiles) over all of I, reading h, and writes out[a, j] for each assignment a.
 //   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads the 32 packed
@@ -24,19 +24,22 @@
 //   128-bit load per row: 4 words; the packed words are in params.hpp's tiled order, so each of
 //   these loads reads 512 contiguous bytes per warp), their scales (row-major; one per row when
 //   the group size is a power of two >= 32, else one per word) and the same 32 columns of token
-//   g's operand (4 x 128 bits); the next chunk's loads are issued before this chunk is used
-//   (two chunk buffers in registers). A lane past the reduction's end reads the chunk's first
+//   g's operand (4 x 128 bits: x's bf16 for gate / up, h for down, as they lie in memory); the
+//   next chunk's loads are issued before this chunk is used (two chunk buffers in registers).
+//   A lane past the reduction's end reads the chunk's first
 //   piece with scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are
 //   multiples of 32).
-//   ptxas (nvcc 13, sm_90, -O3): 121 / 116 registers (gate_up / down; 128 / 128 with per-word
+//   ptxas (nvcc 13, sm_90, -O3): 120 / 116 registers (gate_up / down; 128 / 128 with per-word
 //   scales, for narrow or non-power-of-two groups), no spills.
 //   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
 //   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
-//   the weight rounded to bf16 once. Fragments: any order of the reduction columns works if A
-//   and B agree, so the 16 columns of an mma are, for lane quad position q, the pairs (i, i + 4)
-//   of its word: mma 1 of a word takes A = {(n0,n4), (n1,n5)} of rows g, g + 8 and B = token g's
-//   xb pairs (x0,x4), (x1,x5), mma 2 the pairs 2 and 3; xb's word order puts exactly those pairs
-//   in 32-bit registers. Accumulator lane (g, q) holds rows g, g + 8 x tokens 2q, 2q + 1.
+//   the weight rounded to bf16 once. The tiled order's nibble order (params.hpp) puts columns
+//   2i, 2i + 1 in nibbles i, i + 4, so pair i is the weights of columns (2i, 2i + 1), and the
+//   operand's 32-bit register i of the word is that column pair too. Fragments: any order of the
+//   reduction columns works if A and B agree, so the 16 columns of an mma are, for lane quad
+//   position q, pairs of its word: mma 1 of a word takes A = pairs 0, 1 of rows g, g + 8 and
+//   B = token g's registers 0, 1 (columns 0-3), mma 2 the pairs and registers 2, 3.
+//   Accumulator lane (g, q) holds rows g, g + 8 x tokens 2q, 2q + 1.
 //   Numerics: the bf16 GEMM of the dense layers (x, the dequantised weights and h rounded to bf16,
 //   fp32 sums); reference.hpp's bf16_operands mode is its oracle.
 //   bf16 experts, on CUDA cores (fp32 math on the exact bf16 values):
@@ -52,9 +55,12 @@
 //   3'. rows<down> grid (ceil(H / 16), S): the same over down_e [H, I] reading h, 2 rows of down
 //      per warp, writing out[a, j] for each assignment a.
 //   last: combine grid (ceil(T*H/4 / 256)): y[t, j..j+3] (+)= sum_k weights[t, k] * out[t*K + k,
-//      j..] in k order (float; deterministic, no atomics); slots with an id outside [0, E) add 0.
-//   tile_int4 (at load, not per step): a packed matrix into the tiled order, one thread per
-//      128-bit piece (reads coalesced, 16-byte writes scattered), out of place.
+//      j..] in k order (float; deterministic, no atomics), then + addend[t, j..] where given;
+//      slots with an id outside [0, E) add 0. With addend_ready the stream waits for that event
+//      right before this kernel, so work on another stream that writes addend overlaps the rest.
+//   tile_int4 (at load, not per step): a packed matrix into the tiled order (pieces moved, each
+//      word's nibbles reordered), one thread per 128-bit piece (reads coalesced, 16-byte writes
+//      scattered), out of place.
 // Every kernel is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
 // bf16 path: rows of a block past the matrix's end are clamped for the loads and not written;
 // columns past the end (H or I not a multiple of the chunk) load zeros.
@@ -89,8 +95,8 @@ struct Plan {
   int32_t* offsets;  // [E + 1]
   int32_t* active;   // [slots]
   int32_t* sorted;   // [N]
-  float* h;          // [N, I] by sorted position (INT4: bf16 in word order)
-  void* xb;          // [T, H] bf16 in word order (INT4)
+  float* h;          // [N, I] by sorted position (INT4: bf16)
+  void* xb;          // [T, H] bf16 (INT4): the workspace's, or the caller's x_bf16
   float* out;        // [N, H] by assignment
   int slots;         // min(E, N)
   int group_shift;   // log2(group_size) when it is a power of two, else -1 (INT4)
@@ -376,17 +382,12 @@ constexpr int kDownRowsPerWarp = 2 * kMmaTileRows;
 static_assert(kMmaTileRows == kMoeInt4BandRows && kMmaChunk == 32 * kMoeInt4ChunkPieces,
               "an mma tile's rows are a band of the tiled order, a warp pass is one of its chunks");
 
-// Index of column c in the word order of 2. (0 4 1 5 2 6 3 7 within each 8 columns).
-__device__ __forceinline__ int word_order(int c) {
-  int const i = c & 7;
-  return (c & ~7) + (i < 4 ? 2 * i : 2 * (i - 4) + 1);
-}
-
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// The 4 bf16 pairs (w_i, w_{i+4}) of packed word `word`, i < 4, as (nibble - 8) * scale.
+// The 4 bf16 pairs (nibble i, nibble i + 4) of packed word `word`, i < 4, as (nibble - 8) *
+// scale: in the tiled order's nibble order, the weights of columns (2i, 2i + 1).
 __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale,
                                              uint32_t (&pairs)[4]) {
   uint32_t const one_bits = 0x3F803F80u, minus136_bits = 0xC308C308u;  // (1, 1), (-136, -136)
@@ -401,7 +402,7 @@ __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale
   }
 }
 
-// 2. xb = bf16(x) in word order, 8 columns per thread.
+// 2. xb = bf16(x), 8 columns per thread.
 static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16* xb,
                                                   int64_t words) {
   await_prior_kernels();
@@ -410,10 +411,10 @@ static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16*
   float4 const lo = reinterpret_cast<float4 const*>(x)[2 * i];
   float4 const hi = reinterpret_cast<float4 const*>(x)[2 * i + 1];
   uint4 o;
-  o.x = bf16x2_bits(__floats2bfloat162_rn(lo.x, hi.x));
-  o.y = bf16x2_bits(__floats2bfloat162_rn(lo.y, hi.y));
-  o.z = bf16x2_bits(__floats2bfloat162_rn(lo.z, hi.z));
-  o.w = bf16x2_bits(__floats2bfloat162_rn(lo.w, hi.w));
+  o.x = bf16x2_bits(__floats2bfloat162_rn(lo.x, lo.y));
+  o.y = bf16x2_bits(__floats2bfloat162_rn(lo.z, lo.w));
+  o.z = bf16x2_bits(__floats2bfloat162_rn(hi.x, hi.y));
+  o.w = bf16x2_bits(__floats2bfloat162_rn(hi.z, hi.w));
   reinterpret_cast<uint4*>(xb)[i] = o;
 }
 
@@ -425,7 +426,7 @@ template <int kScales>
 struct Int4Chunk {
   uint4 w[2][2];               // [tile][row g / g + 8]
   uint32_t s[2][2][kScales];
-  uint4 b[4];                  // 8 operand values per word, word order
+  uint4 b[4];                  // 8 operand values per word
 };
 
 // 3. (kGateUp: tiles = gate and up rows 16 blockIdx.x .., split K over the warps) and
@@ -554,7 +555,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
           }
           int const n = row0 + g + 8 * (j >> 1), tok = 2 * q + (j & 1);
           if (tok < ntok && n < rows) {
-            hb[static_cast<int64_t>(t0 + tok) * rows + word_order(n)] =
+            hb[static_cast<int64_t>(t0 + tok) * rows + n] =
                 __float2bfloat16_rn(silu(gv) * uv);
           }
         }
@@ -595,7 +596,10 @@ static __global__ void moe_experts_tile_int4_kernel(uint4 const* src, int64_t ro
   int64_t const pieces = cols / 32, n = rows * pieces;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[moe_int4_tiled_piece(cols, i / pieces, i % pieces)] = src[i];
+    uint4 const v = src[i];
+    dst[moe_int4_tiled_piece(cols, i / pieces, i % pieces)] =
+        make_uint4(moe_int4_pair_nibbles(v.x), moe_int4_pair_nibbles(v.y),
+                   moe_int4_pair_nibbles(v.z), moe_int4_pair_nibbles(v.w));
   }
 }
 
@@ -625,6 +629,10 @@ static __global__ void __launch_bounds__(kCombineThreads)
   if (p.accumulate) {
     float4 const old = *y;
     acc = make_float4(old.x + acc.x, old.y + acc.y, old.z + acc.z, old.w + acc.w);
+  }
+  if (p.addend) {
+    float4 const add = *reinterpret_cast<float4 const*>(p.addend + t * p.hidden + c);
+    acc = make_float4(acc.x + add.x, acc.y + add.y, acc.z + add.z, acc.w + add.w);
   }
   *y = acc;
 }
@@ -658,7 +666,15 @@ inline Status moe_experts_tile_int4_cuda(int32_t const* src, int64_t rows, int64
 
 inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   namespace d = moe_experts_detail;
-  if (p.tokens == 0) return Status::Ok();
+  // The stream waits for addend_ready once in every launch (a captured graph then always joins
+  // the stream that records it): right before the combine, or here when nothing runs.
+  auto await_addend = [&]() -> Status {
+    if (p.addend_ready) {
+      SPECDEC_CUDA_TRY(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(p.addend_ready), 0));
+    }
+    return Status::Ok();
+  };
+  if (p.tokens == 0) return await_addend();
   MoeExpertsWorkspaceLayout const l =
       moe_experts_workspace_layout(p.tokens, p.top_k, p.experts, p.hidden, p.inter);
   char* const ws = static_cast<char*>(p.workspace);
@@ -680,12 +696,16 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel, 1,
                                         d::kGroupWarps * 32, 0, stream, p, plan));
   if (p.w.int4) {
-    int64_t const words = static_cast<int64_t>(p.tokens) * (p.hidden / 8);
-    SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_to_bf16_kernel",
-                                          d::moe_experts_to_bf16_kernel,
-                                          static_cast<unsigned>((words + 255) / 256), 256, 0,
-                                          stream, p.x, static_cast<__nv_bfloat16*>(plan.xb),
-                                          words));
+    if (p.x_bf16) {
+      plan.xb = const_cast<uint16_t*>(p.x_bf16);  // read only
+    } else {
+      int64_t const words = static_cast<int64_t>(p.tokens) * (p.hidden / 8);
+      SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_to_bf16_kernel",
+                                            d::moe_experts_to_bf16_kernel,
+                                            static_cast<unsigned>((words + 255) / 256), 256, 0,
+                                            stream, p.x, static_cast<__nv_bfloat16*>(plan.xb),
+                                            words));
+    }
     SPECDEC_RETURN_IF_ERROR(plan.group_shift >= 5
                                 ? d::moe_experts_launch_int4<true>(p, plan, stream)
                                 : d::moe_experts_launch_int4<false>(p, plan, stream));
@@ -694,6 +714,7 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   }
   int64_t const quads = static_cast<int64_t>(p.tokens) * (p.hidden / 4);
   auto const blocks = static_cast<unsigned>((quads + d::kCombineThreads - 1) / d::kCombineThreads);
+  SPECDEC_RETURN_IF_ERROR(await_addend());
   return launch_kernel("moe_experts_combine_kernel", d::moe_experts_combine_kernel, blocks,
                        d::kCombineThreads, 0, stream, p, plan);
 }

@@ -7,6 +7,11 @@
 //   y        [T, H] float   y[t] = m[t] (accumulate false: overwritten) or y[t] += m[t] (true: a
 //                           float add of the rounded m[t], e.g. straight into the residual), with
 //     m[t] = sum_{k < K} weights[t, k] * down_e(silu(gate_e x_t) * up_e x_t),  e = ids[t, k]
+//   addend   [T, H] float   optional (nullptr: none): then one more float add after that,
+//                           y[t] = (m[t] or y[t] + m[t]) + addend[t] (e.g. the shared experts'
+//                           output, computed beside the routed ones)
+//   x_bf16   [T, H] bf16    optional: bf16(x), round to nearest even (e.g. the norm's bf16 copy
+//                           of x); the CUDA INT4 path reads it instead of converting x itself
 //   silu(v) = v / (1 + exp(-v)); gate_e, up_e [I, H], down_e [H, I] (H = hidden, I =
 //   moe_intermediate_size). An id may repeat within a token (each slot counts).
 //
@@ -30,7 +35,10 @@
 //   (r / 16) * 16 P + c * 64 + (r % 16) * w + p % 4,   c = p / 4,
 // so a band keeps its place and the 32 lanes of a warp that read 16-byte pieces of rows
 // g, g + 8 (lane = 4 g + q, piece 4c + q) read 512 contiguous bytes of DRAM per instruction,
-// where the row-major order has them read 8 separate 64-byte pieces.
+// where the row-major order has them read 8 separate 64-byte pieces. Within each packed word the
+// 8 nibbles are reordered too (moe_int4_pair_nibbles): nibble i holds column 2i and nibble i + 4
+// column 2i + 1 (i < 4), so the kernel's pairs of nibbles (i, i + 4) are the column pairs
+// (2i, 2i + 1), as the token operand's bf16 pairs lie in memory.
 //
 // Contract (validate(), one for both executors; the last items are the kernel's):
 //   tokens >= 0, experts in [1, kMoeExpertsMaxExperts] (the grouping kernel counts experts in
@@ -99,6 +107,17 @@ SPECDEC_HD inline int64_t moe_int4_tiled_piece(int64_t cols, int64_t r, int64_t 
          p % kMoeInt4ChunkPieces;
 }
 
+// A packed word in the tiled order's nibble order: nibble i <- column 2i, nibble i + 4 <- column
+// 2i + 1 (i < 4); the columns' nibbles k sit at bits 4k of `word`.
+SPECDEC_HD inline uint32_t moe_int4_pair_nibbles(uint32_t word) {
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    out |= ((word >> (8 * i)) & 0xFu) << (4 * i);
+    out |= ((word >> (8 * i + 4)) & 0xFu) << (4 * i + 16);
+  }
+  return out;
+}
+
 // The shape contract of the tiled order and of its conversion (src and dst distinct buffers).
 inline Status validate_int4_tiling(int32_t const* src, int32_t* dst, int64_t rows, int64_t cols) {
   auto bad = [](std::string m) { return Status::InvalidArgument("moe_experts_tile_int4: " + m); };
@@ -129,6 +148,12 @@ struct MoeExpertsParams {
   MoeExpertWeights w;              // expert weight tables
   float* y = nullptr;              // [T, H] float, written or added to
   bool accumulate = false;         // y += the experts' sum instead of y =
+  float const* addend = nullptr;   // [T, H] float added to y after the sum, or nullptr
+  // CUDA only: a cudaEvent_t recorded where addend is complete on another stream (nullptr: it is
+  // complete in stream order); the stream waits for it right before the last kernel, which reads
+  // addend (with no tokens, at once), so the other stream's work overlaps the rest.
+  void* addend_ready = nullptr;
+  uint16_t const* x_bf16 = nullptr;  // [T, H] bf16(x), or nullptr (the INT4 path converts x)
   void* workspace = nullptr;       // CUDA only: moe_experts_workspace_bytes(T, K, E, H, I) bytes,
   size_t workspace_bytes = 0;      //   16-byte aligned (no initial contents needed)
 };
@@ -140,9 +165,10 @@ struct MoeExpertsParams {
 //   sorted  [T*K] int32         assignment indices a = t*K + k grouped by expert, stable in a
 //                               (assignments with an id outside [0, E) are left out)
 //   h       [T*K, I] float      silu(gate x) * up x of the assignment at each sorted position
-//                               (INT4: bf16 [T*K, I], kernel.cuh's word order)
+//                               (INT4: bf16 [T*K, I])
 //   out     [T*K, H] float      down h of each assignment a (by a, not by sorted position)
-//   xb      [T, H] bf16         x as the INT4 path's tensor-core operand (kernel.cuh)
+//   xb      [T, H] bf16         bf16(x), the INT4 path's tensor-core operand, where x_bf16 is
+//                               not given
 struct MoeExpertsWorkspaceLayout {
   size_t offsets = 0, active = 0, sorted = 0, h = 0, out = 0, xb = 0;
   size_t bytes = 0;  // total
@@ -262,6 +288,8 @@ inline Status validate_cuda(MoeExpertsParams const& p) {
   if (misaligned(p.workspace)) return bad("workspace is not 16-byte aligned");
   if (misaligned(p.x)) return bad("x is not 16-byte aligned (the kernels read it as float4)");
   if (misaligned(p.y)) return bad("y is not 16-byte aligned (the kernels write it as float4)");
+  if (misaligned(p.addend)) return bad("addend is not 16-byte aligned (read as float4)");
+  if (misaligned(p.x_bf16)) return bad("x_bf16 is not 16-byte aligned (read 8 values at a time)");
   return Status::Ok();
 }
 

@@ -7,7 +7,8 @@
 // h = silu(g) * u is computed in double and rounded to float (the kernel's h is a float too);
 // the down dot product accumulates in double over the float h and stays double; y[t, j] sums
 // weights[t, k] * down_k in double in k order and is rounded to float once (then added to y in
-// float when p.accumulate).
+// float when p.accumulate, then p.addend in float when given). x_bf16 is the CUDA path's; the
+// reference rounds x itself where it needs bf16.
 // bf16_operands (the oracle of the CUDA INT4 path, which multiplies on tensor cores): x, each
 // dequantized weight (nibble - 8) * scale and h are rounded to bf16 (nearest even) before their
 // dot products; everything else as above.
@@ -64,15 +65,19 @@ inline void round_to_bf16(std::vector<float>* v) {
 
 }  // namespace moe_experts_ref
 
-// dst = src [rows, cols/8] (row-major) in the tiled order of params.hpp: plain loops over the
-// pieces. The oracle of the CUDA conversion; validate_int4_tiling holds.
+// dst = src [rows, cols/8] (row-major) in the tiled order of params.hpp (the pieces' places and
+// each word's nibble order): plain loops over the pieces. The oracle of the CUDA conversion;
+// validate_int4_tiling holds.
 inline void moe_experts_tile_int4_cpu(int32_t const* src, int64_t rows, int64_t cols,
                                       int32_t* dst) {
   int64_t const pieces = cols / 32;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t p = 0; p < pieces; ++p) {
       int64_t const to = moe_int4_tiled_piece(cols, r, p);
-      for (int k = 0; k < 4; ++k) dst[to * 4 + k] = src[(r * pieces + p) * 4 + k];
+      for (int k = 0; k < 4; ++k) {
+        dst[to * 4 + k] = static_cast<int32_t>(
+            moe_int4_pair_nibbles(static_cast<uint32_t>(src[(r * pieces + p) * 4 + k])));
+      }
     }
   }
 }
@@ -140,7 +145,8 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p, bool bf16_operands = fa
                down_out[static_cast<size_t>((t * K + k) * H + j)];
       }
       float const m = static_cast<float>(acc);
-      p.y[t * H + j] = p.accumulate ? p.y[t * H + j] + m : m;
+      float const y = p.accumulate ? p.y[t * H + j] + m : m;
+      p.y[t * H + j] = p.addend ? y + p.addend[t * H + j] : y;
     }
   }
   return Status::Ok();
