@@ -1094,8 +1094,10 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   // With few tokens the shared experts run on the side stream, into s.shared_y, while the router,
   // moe_route and the routed experts run on this one: the router's chain of small kernels leaves
   // the HBM idle and the routed experts' streams leave it short of its bandwidth, which the shared
-  // experts' weights fill. s.shared_y is then added into y after the routed experts, as the shared
-  // down projection accumulated into y when it ran here (it still does above the bound).
+  // experts' weights fill. The routed experts' last kernel (their weighted sum into y) waits for
+  // the side stream and adds s.shared_y after the sum (moe_experts' addend): the same float adds
+  // in the same order as the shared down projection accumulating into y after the routed experts
+  // (as it still does above the bound).
   bool const side = l.has_shared_experts && T <= kSharedExpertsSideMaxTokens;
   if (side) {
     SPECDEC_CUDA_TRY(cudaEventRecord(m.fork_event(), stream));
@@ -1147,14 +1149,16 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   float* const y = m.comm ? s.moe_y : s.x;
   ep.y = y;
   ep.accumulate = m.comm == nullptr;
+  ep.x_bf16 = s.xn_bf;  // the post-attention norm's bf16 copy of xn
+  if (side) {  // the experts' last kernel adds the side stream's s.shared_y, once it is written
+    ep.addend = s.shared_y;
+    ep.addend_ready = m.join_event();
+  }
   ep.workspace = s.moe_workspace;
   ep.workspace_bytes =
       ops::moe_experts_workspace_bytes(ep.tokens, ep.top_k, ep.experts, ep.hidden, ep.inter);
   SPECDEC_RETURN_IF_ERROR(ops::moe_experts(CudaExecutor{stream}, ep));
-  if (side) {
-    SPECDEC_CUDA_TRY(cudaStreamWaitEvent(stream, m.join_event(), 0));
-    SPECDEC_RETURN_IF_ERROR(cuda::add_into(y, s.shared_y, T * H, stream));
-  } else if (l.has_shared_experts) {
+  if (!side && l.has_shared_experts) {
     SPECDEC_RETURN_IF_ERROR(cuda_swiglu(m.cublas(), l.shared_experts, T, H, s, y, 1.0f));
   }
   return cuda_reduce_into_x(m, T, y, s, stream);

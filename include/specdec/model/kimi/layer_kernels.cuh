@@ -12,8 +12,7 @@
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
 //                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
 //   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
-//   add_into        x [n] += part [n] (fp32: a tensor-parallel partial sum, or the shared
-//                   experts' output, into the residual)
+//   add_into        x [n] += part [n] (fp32: a tensor-parallel partial sum into the residual)
 //   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
 //                   one block per expert, every token (the fp32 router of a decode / verify step
 //                   in one launch; a GEMM library runs T = 1 as a dot and a reduction kernel)
