@@ -108,6 +108,7 @@ struct Options {
   int spec_runs = 3;       // timed engine runs of each policy (after one untimed)
   int profile_decode = 0;  // > 0: profile one eager decode of this batch and exit
   std::string json_path, markdown_path;
+  std::vector<std::string> steps;  // --steps: the step shapes to time by key (empty: all)
 };
 
 template <class... Args>
@@ -126,7 +127,9 @@ void require(Status const& s, char const* what) {
 
 constexpr char kUsage[] =
     "usage: specdec_bench_kimi_step [--num-layers N] [--context C] [--reps R] [--seed S] "
-    "[--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE] [--profile-decode B]\n";
+    "[--spec-tokens N] [--spec-runs R] [--json FILE] [--markdown FILE] [--profile-decode B]\n"
+    "  [--steps KEY,KEY,...]: time only these step shapes (decode1 decode8 decode32 chain2 chain4\n"
+    "  chain8 chain16 tree16 tree32 tree64; decode1 always, the ratios' denominator)\n";
 
 [[noreturn]] void usage(char const* problem) {
   std::fprintf(stderr, "specdec_bench_kimi_step: %s\n%s", problem, kUsage);
@@ -174,6 +177,13 @@ Options parse_flags(int argc, char** argv) {
       o.json_path = text(i);
     } else if (a == "--markdown") {
       o.markdown_path = text(i);
+    } else if (a == "--steps") {
+      std::string const list = text(i);
+      for (size_t b = 0; b <= list.size();) {
+        size_t const e = std::min(list.find(',', b), list.size());
+        o.steps.push_back(list.substr(b, e - b));
+        b = e + 1;
+      }
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
@@ -324,6 +334,7 @@ CopyFloor measure_copy_floor(cudaStream_t stream, int reps) {
 // One timed step: a decode of `batch` requests, or a verify at batch 1 of the tree `parents`.
 struct StepShape {
   std::string name;
+  std::string key;               // --steps' name: decode1, chain4, tree64, ...
   bool verify = false;
   int batch = 1;                 // requests
   int nodes = 1;                 // tokens per request
@@ -338,6 +349,7 @@ struct StepShape {
 StepShape decode_shape(int batch) {
   StepShape s;
   s.name = "decode B=" + std::to_string(batch);
+  s.key = "decode" + std::to_string(batch);
   s.batch = batch;
   return s;
 }
@@ -363,6 +375,7 @@ StepShape verify_shape(int nodes, int branching) {
   s.name = branching == 1 ? "verify chain " + std::to_string(nodes)
                           : "verify tree " + std::to_string(nodes) + " (" +
                                 std::to_string(branching) + "-ary " + s.levels + ")";
+  s.key = (branching == 1 ? "chain" : "tree") + std::to_string(nodes);
   return s;
 }
 
@@ -994,6 +1007,18 @@ int main(int argc, char** argv) {
   shapes.push_back(verify_shape(16, 4));
   shapes.push_back(verify_shape(32, 4));
   shapes.push_back(verify_shape(64, 8));
+  auto listed = [&](std::string const& key) {
+    return std::find(o.steps.begin(), o.steps.end(), key) != o.steps.end();
+  };
+  for (std::string const& key : o.steps) {
+    auto const has = [&](StepShape const& s) { return s.key == key; };
+    if (std::none_of(shapes.begin(), shapes.end(), has)) {
+      usage(("--steps: no step shape '" + key + "'").c_str());
+    }
+  }
+  if (!o.steps.empty()) {
+    std::erase_if(shapes, [&](StepShape const& s) { return s.key != "decode1" && !listed(s.key); });
+  }
   std::vector<StepResult> steps;
   for (StepShape const& shape : shapes) {
     StepResult r = run_step(shape, model, cache, o.context, o.reps, rng, stream);
