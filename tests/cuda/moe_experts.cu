@@ -12,7 +12,10 @@
 // kInt4ExactTol against the exact reference (the bf16 rounding of x, the weights and h).
 // accumulate adds the sum to y; given x_bf16 and an addend that another stream writes ~2 ms late
 // (addend_ready), the result is the plain launch's plus the addend, bit for bit.
-// A CUDA-graph test captures one launch and replays it after x and ids change in place. The INT4
+// INT4 launches of at most 32 assignments are grouped by each kernel's warps from the ids (no
+// group kernel): T = 1, 7 and Kimi's 4 x 8 take that path, 5 x 8 the group kernel's.
+// A CUDA-graph test captures one launch (64 tokens; 3 tokens, grouped in a warp) and replays it
+// after x and ids change in place. The INT4
 // weights reach the kernels through the CUDA conversion to the tiled order, itself compared word
 // for word with the CPU's over shapes with partial chunks and Kimi-K2.5's matrices.
 #include <doctest/doctest.h>
@@ -323,7 +326,8 @@ TEST_CASE("moe_experts: GPU output matches the CPU reference") {
       {{1048, 200, 16, 4, 0}, {1, 7, 64, 300}, {Routing::kRandom, Routing::kSameK}},
       {{1056, 96, 5, 3, 96}, {7, 64}, {Routing::kRandom}},  // group size not a power of two
       {{2048, 256, 8, 2, 128}, {1, 64}, {Routing::kRandom, Routing::kRepeats}},
-      {{7168, 2048, 8, 8, 32}, {1, 5}, {Routing::kRandom}},  // Kimi-K2.5's H and I, INT4
+      // Kimi-K2.5's H and I, INT4; 4 x 8 = 32 assignments are grouped in a warp, 5 x 8 not
+      {{7168, 2048, 8, 8, 32}, {1, 4, 5}, {Routing::kRandom, Routing::kRepeats}},
       {{7168, 2048, 4, 4, 0}, {3}, {Routing::kRandom}},      // and bf16
   };
   testing::Rng rng(2024);
@@ -435,52 +439,55 @@ TEST_CASE("moe_experts: one captured launch replays after x and ids change in pl
   testing::Rng rng(77);
   Experts X;
   make_experts(rng, s, &X);
-  int const T = 64;
-  Routed const first = route(rng, s, T, Routing::kRandom);
-  Run run;
-  setup_run(X, first, T, &run);
-  REQUIRE(run.y.fill_bytes(0xff).ok());
-  REQUIRE(run.workspace.fill_bytes(0xff).ok());
+  // 64 tokens: grouped by the group kernel; 3 x 6 = 18 assignments: in a warp by each kernel.
+  for (int const T : {64, 3}) {
+    CAPTURE(T);
+    Routed const first = route(rng, s, T, Routing::kRandom);
+    Run run;
+    setup_run(X, first, T, &run);
+    REQUIRE(run.y.fill_bytes(0xff).ok());
+    REQUIRE(run.workspace.fill_bytes(0xff).ok());
 
-  cudaStream_t stream;
-  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-  Status const captured = moe_experts(CudaExecutor{stream}, run.p);
-  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
-  REQUIRE_MESSAGE(captured.ok(), captured.to_string());
-  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    cudaStream_t stream;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    Status const captured = moe_experts(CudaExecutor{stream}, run.p);
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    REQUIRE_MESSAGE(captured.ok(), captured.to_string());
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
 
-  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-  std::vector<float> const replay1 = run.y.download();
-  check_reference(X, first, T, replay1);
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<float> const replay1 = run.y.download();
+    check_reference(X, first, T, replay1);
 
-  // Same buffers, new contents: a different routing (skewed, with bad ids) and new tokens.
-  Routed second = route(rng, s, T, Routing::kBadIds);
-  for (size_t a = 0; a < second.ids.size(); ++a) {
-    if (a % 3 != 0 && a % 2 == 0) second.ids[a] = second.ref_ids[a] = 5;  // skew toward expert 5
+    // Same buffers, new contents: a different routing (skewed, with bad ids) and new tokens.
+    Routed second = route(rng, s, T, Routing::kBadIds);
+    for (size_t a = 0; a < second.ids.size(); ++a) {
+      if (a % 3 != 0 && a % 2 == 0) second.ids[a] = second.ref_ids[a] = 5;  // skew toward expert 5
+    }
+    REQUIRE(run.x.upload(second.x).ok());
+    REQUIRE(run.ids.upload(second.ids).ok());
+    REQUIRE(run.weights.upload(second.weights).ok());
+    REQUIRE(run.y.fill_bytes(0xff).ok());
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<float> const replay2 = run.y.download();
+    check_reference(X, second, T, replay2);
+
+    // The replay equals an eager launch bit for bit.
+    REQUIRE(run.y.fill_bytes(0xff).ok());
+    REQUIRE(moe_experts(CudaExecutor{stream}, run.p).ok());
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<float> const eager = run.y.download();
+    CHECK(std::memcmp(replay2.data(), eager.data(), eager.size() * sizeof(float)) == 0);
+
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
-  REQUIRE(run.x.upload(second.x).ok());
-  REQUIRE(run.ids.upload(second.ids).ok());
-  REQUIRE(run.weights.upload(second.weights).ok());
-  REQUIRE(run.y.fill_bytes(0xff).ok());
-  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-  std::vector<float> const replay2 = run.y.download();
-  check_reference(X, second, T, replay2);
-
-  // The replay equals an eager launch bit for bit.
-  REQUIRE(run.y.fill_bytes(0xff).ok());
-  REQUIRE(moe_experts(CudaExecutor{stream}, run.p).ok());
-  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-  std::vector<float> const eager = run.y.download();
-  CHECK(std::memcmp(replay2.data(), eager.data(), eager.size() * sizeof(float)) == 0);
-
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("moe_experts: the tiled order on the GPU matches the CPU's, word for word") {

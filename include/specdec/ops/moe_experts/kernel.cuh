@@ -9,6 +9,11 @@
 //      shared memory (__match_any_sync, no atomics), warp 0 scans the counts into offsets [E + 1],
 //      per-warp start positions and the list of active experts (increasing id, -1 padded), then
 //      every warp scatters its segment in order into sorted [N]. Ids outside [0, E) are left out.
+//      INT4 with N <= kInWarpAssignments (a decode's or a short verify's): not launched; every
+//      warp of the INT4 kernels finds the same order itself from the N ids, one per lane
+//      (slot_view: its slot's expert = the slot-th smallest distinct id, the expert's sorted
+//      positions = the count of smaller ids onwards, its assignments in increasing a), one
+//      kernel fewer on the router's chain.
 //   INT4 experts, on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation):
 //   2. to_bf16: x [T, H] -> xb [T, H] bf16 (round to nearest even), skipped where the caller
 //      passes x_bf16 (the same values), which gate / up then read instead.
@@ -29,7 +34,7 @@
 //   A lane past the reduction's end reads the chunk's first
 //   piece with scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are
 //   multiples of 32).
-//   ptxas (nvcc 13, sm_90, -O3): 120 / 116 registers (gate_up / down; 128 / 128 with per-word
+//   ptxas (nvcc 13, sm_90, -O3): 124 / 119 registers (gate_up / down; 128 / 126 with per-word
 //   scales, for narrow or non-power-of-two groups), no spills.
 //   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
 //   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
@@ -100,7 +105,12 @@ struct Plan {
   float* out;        // [N, H] by assignment
   int slots;         // min(E, N)
   int group_shift;   // log2(group_size) when it is a power of two, else -1 (INT4)
+  bool in_warp;      // INT4, N <= kInWarpAssignments: offsets / active / sorted are not written;
+                     // the kernels group the ids themselves (slot_view)
 };
+
+// Up to this many assignments (one per lane) the INT4 kernels group them in a warp.
+constexpr int kInWarpAssignments = 32;
 
 // Shared-memory index of chunk column c: 4 floats of padding after every 32 columns, so lanes
 // 32 (INT4) or 8 (bf16) columns apart read distinct banks with 128-bit loads.
@@ -429,6 +439,49 @@ struct Int4Chunk {
   uint4 b[4];                  // 8 operand values per word
 };
 
+// Slot `slot`'s expert e (-1: fewer active experts than slots), its sorted positions [begin, end)
+// and, in_warp, its assignments as a lane mask (bit a: ids[a] == e). Called by whole warps.
+struct SlotView {
+  int e = -1, begin = 0, end = 0;
+  unsigned members = 0;
+};
+
+__device__ __forceinline__ SlotView slot_view(MoeExpertsParams const& p, Plan const& plan,
+                                              int slot, int lane) {
+  SlotView v;
+  if (!plan.in_warp) {
+    v.e = plan.active[slot];
+    if (v.e >= 0) {
+      v.begin = plan.offsets[v.e];
+      v.end = plan.offsets[v.e + 1];
+    }
+    return v;
+  }
+  // The group kernel's order, from the ids in the lanes: distinct valid ids ranked by value.
+  int const n = p.tokens * p.top_k;
+  int32_t id = lane < n ? p.ids[lane] : -1;
+  bool const valid = id >= 0 && id < p.experts;
+  if (!valid) id = -1;
+  unsigned const same = __match_any_sync(0xffffffffu, id);
+  unsigned const firsts = __ballot_sync(0xffffffffu, valid && (same & ((1u << lane) - 1u)) == 0);
+  int rank = 0;  // distinct valid ids below this lane's
+  for (unsigned f = firsts; f != 0; f &= f - 1) {
+    rank += __shfl_sync(0xffffffffu, id, __ffs(f) - 1) < id ? 1 : 0;
+  }
+  unsigned const owner = __ballot_sync(0xffffffffu, ((firsts >> lane) & 1u) && rank == slot);
+  if (owner == 0) return v;
+  v.e = __shfl_sync(0xffffffffu, id, __ffs(owner) - 1);
+  v.members = __ballot_sync(0xffffffffu, id == v.e);
+  v.begin = __popc(__ballot_sync(0xffffffffu, valid && id < v.e));
+  v.end = v.begin + __popc(v.members);
+  return v;
+}
+
+// The assignment at sorted position pos of the slot (begin <= pos < end).
+__device__ __forceinline__ int assignment_at(Plan const& plan, SlotView const& v, int pos) {
+  return plan.in_warp ? static_cast<int>(__fns(v.members, 0, pos - v.begin + 1)) : plan.sorted[pos];
+}
+
 // 3. (kGateUp: tiles = gate and up rows 16 blockIdx.x .., split K over the warps) and
 // 4. (!kGateUp: tiles = down rows 32 (4 blockIdx.x + warp) .. + 31, all of I). kOneScale: the
 // group size is a power of two >= 32 (a lane's 32 columns share one scale, at column >> shift);
@@ -440,10 +493,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   await_prior_kernels();
   constexpr int kScales = kOneScale ? 1 : 4;
   __shared__ float partial[kGateUp ? kMmaWarps : 1][32][8];
-  int const e = plan.active[blockIdx.y];
-  if (e < 0) return;  // fewer active experts than slots: the whole block leaves
-  int const begin = plan.offsets[e], end = plan.offsets[e + 1];
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  SlotView const slot = slot_view(p, plan, static_cast<int>(blockIdx.y), lane);
+  int const e = slot.e;
+  if (e < 0) return;  // fewer active experts than slots: the whole block leaves
+  int const begin = slot.begin, end = slot.end;
   int const rows = kGateUp ? p.inter : p.hidden;  // output rows of each matrix
   int const cols = kGateUp ? p.hidden : p.inter;  // reduction length
   int const group = p.w.group_size, shift = plan.group_shift;
@@ -524,7 +578,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
     // first token's (its accumulator column is computed and never written).
     int const pos = t0 + (g < ntok ? g : 0);
     uint4 const* const operand = reinterpret_cast<uint4 const*>(
-        kGateUp ? xb + static_cast<int64_t>(plan.sorted[pos] / p.top_k) * cols
+        kGateUp ? xb + static_cast<int64_t>(assignment_at(plan, slot, pos) / p.top_k) * cols
                 : hb + static_cast<int64_t>(pos) * cols);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     Int4Chunk<kScales> even, odd;  // ping-pong: one is used while the next is loaded
@@ -568,7 +622,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
         for (int j = 0; j < 4; ++j) {
           int const n = row0 + m * kMmaTileRows + g + 8 * (j >> 1), tok = 2 * q + (j & 1);
           if (tok < ntok && n < rows) {
-            plan.out[static_cast<int64_t>(plan.sorted[t0 + tok]) * rows + n] = acc[m][j];
+            plan.out[static_cast<int64_t>(assignment_at(plan, slot, t0 + tok)) * rows + n] =
+                acc[m][j];
           }
         }
       }
@@ -693,8 +748,11 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
       if ((1 << s) == p.w.group_size) plan.group_shift = s;
     }
   }
-  SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel, 1,
-                                        d::kGroupWarps * 32, 0, stream, p, plan));
+  plan.in_warp = p.w.int4 && n <= d::kInWarpAssignments;
+  if (!plan.in_warp) {
+    SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel,
+                                          1, d::kGroupWarps * 32, 0, stream, p, plan));
+  }
   if (p.w.int4) {
     if (p.x_bf16) {
       plan.xb = const_cast<uint16_t*>(p.x_bf16);  // read only
