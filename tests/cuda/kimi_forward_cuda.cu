@@ -1,7 +1,8 @@
 // The CUDA executor's Kimi forward (model/kimi/forward_cuda.cuh) against the CPU executor
 // (forward_cpu.hpp, itself checked against the reference and transformers) on the tiny random
 // preset (bf16 and INT4 experts; n_group 2 / topk_group 1, YaRN): the layer kernels against their
-// CPU rules (router_logits against a double-precision router); prefill + decode, a batch of
+// CPU rules (router_logits against a double-precision router; router_logits_route against
+// router_logits + moe_route bit for bit, repeated and captured); prefill + decode, a batch of
 // requests on interleaved pages and a tree verify (logits and aux {-1, 1, 3}); greedy generation;
 // random weights drawn on the device (generate_kimi_cuda_model) against the same values drawn on
 // the host; forwards captured as CUDA graphs against eager ones, bit for bit; batches padded to a
@@ -54,6 +55,7 @@
 namespace {
 
 namespace kimi = specdec::model::kimi;
+namespace ops = specdec::ops;
 using kimi::KimiCpuModel;
 using kimi::KimiCudaCache;
 using kimi::KimiCudaModel;
@@ -386,6 +388,131 @@ TEST_CASE("kimi layer kernels: router_logits equals the fp32 router to rounding"
   DeviceBuffer<float> d(64);
   specdec::testing::check_error(kc::router_logits(d.data(), d.data(), 9, 2, 4, d.data(), nullptr),
                                 specdec::StatusCode::kInvalidArgument, {"9 tokens", "T <= 8"});
+}
+
+TEST_CASE("kimi layer kernels: router_logits_route equals router_logits + moe_route, bit for bit") {
+  Rng rng(18);
+  namespace kc = kimi::cuda;
+  struct Shape {
+    int64_t E, H;
+    int n_group, topk_group, top_k;
+  };
+  Shape const shapes[] = {{384, 7168, 1, 1, 8},  // Kimi-K2.5
+                          {64, 7168, 1, 1, 8},   // the kimi-k2.5-1gpu preset
+                          {256, 1024, 8, 4, 8},  // DeepSeek-V3's groups
+                          {8, 36, 2, 1, 2}};     // the tiny preset
+  DeviceBuffer<unsigned> arrivals(1);
+  REQUIRE(arrivals.fill_bytes(0).ok());
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  int compared = 0;
+  for (Shape const sh : shapes) {
+    for (int T : {1, 2, 4, 8}) {
+      CAPTURE(sh.E);
+      CAPTURE(T);
+      int64_t const H = sh.H, E = sh.E, K = sh.top_k;
+      std::vector<float> const gate = specdec::testing::random_logits(rng, E, H, 0.02f);
+      std::vector<float> const bias = specdec::testing::random_logits(rng, 1, E, 0.1f);
+      DeviceBuffer<float> dgate(gate), dbias(bias), dx(size_t(T) * H);
+      DeviceBuffer<float> logits_a(size_t(T) * E), logits_b(size_t(T) * E);
+      DeviceBuffer<float> w_a(size_t(T) * K), w_b(size_t(T) * K);
+      DeviceBuffer<int32_t> ids_a(size_t(T) * K), ids_b(size_t(T) * K);
+      ops::MoeRouteParams rp;
+      rp.bias = dbias.data();
+      rp.tokens = T;
+      rp.experts = static_cast<int>(E);
+      rp.n_group = sh.n_group;
+      rp.topk_group = sh.topk_group;
+      rp.top_k = static_cast<int>(K);
+      rp.scale = 2.827f;
+      ops::MoeRouteParams fused = rp, apart = rp;
+      fused.logits = logits_a.data();
+      fused.ids = ids_a.data();
+      fused.weights = w_a.data();
+      apart.logits = logits_b.data();
+      apart.ids = ids_b.data();
+      apart.weights = w_b.data();
+      // Three launches in a row on one counter, each with new x: the counter returns to 0.
+      for (int run = 0; run < 3; ++run) {
+        REQUIRE(dx.upload(specdec::testing::random_logits(rng, T, H, 1.0f)).ok());
+        for (auto* b : {&logits_a, &w_a}) REQUIRE(b->fill_bytes(0xff).ok());
+        REQUIRE(ids_a.fill_bytes(0xff).ok());
+        REQUIRE(kc::router_logits_route(dx.data(), dgate.data(), H, logits_a.data(), fused,
+                                        arrivals.data(), stream)
+                    .ok());
+        REQUIRE(kc::router_logits(dx.data(), dgate.data(), T, E, H, logits_b.data(), stream).ok());
+        REQUIRE(ops::moe_route(CudaExecutor{stream}, apart).ok());
+        REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+        CHECK(logits_a.download() == logits_b.download());
+        CHECK(ids_a.download() == ids_b.download());
+        std::vector<float> const wa = w_a.download(), wb = w_b.download();
+        CHECK(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)) == 0);
+        CHECK(arrivals.download() == std::vector<unsigned>{0u});
+        ++compared;
+      }
+    }
+  }
+  MESSAGE("compared " << compared << " launches");
+  // Captured once, replayed with new x: the routing follows x.
+  {
+    int64_t const E = 64, H = 7168, K = 8;
+    int const T = 3;
+    std::vector<float> const gate = specdec::testing::random_logits(rng, E, H, 0.02f);
+    DeviceBuffer<float> dgate(gate), dx(size_t(T) * H), logits(size_t(T) * E), w(size_t(T) * K);
+    DeviceBuffer<int32_t> ids(size_t(T) * K);
+    ops::MoeRouteParams rp;
+    rp.logits = logits.data();
+    rp.tokens = T;
+    rp.experts = static_cast<int>(E);
+    rp.top_k = static_cast<int>(K);
+    rp.ids = ids.data();
+    rp.weights = w.data();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    Status const captured =
+        kc::router_logits_route(dx.data(), dgate.data(), H, logits.data(), rp, arrivals.data(),
+                                stream);
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    REQUIRE_MESSAGE(captured.ok(), captured.to_string());
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      std::vector<float> const x = specdec::testing::random_logits(rng, T, H, 1.0f);
+      REQUIRE(dx.upload(x).ok());
+      REQUIRE(ids.fill_bytes(0xff).ok());
+      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      // The CPU rule on the replay's own logits (router_logits' values are checked above).
+      std::vector<float> const got_logits = logits.download();
+      std::vector<int32_t> want_ids(size_t(T) * K);
+      std::vector<float> want_w(want_ids.size());
+      ops::MoeRouteParams cpu = rp;
+      cpu.logits = got_logits.data();
+      cpu.ids = want_ids.data();
+      cpu.weights = want_w.data();
+      REQUIRE(ops::moe_route(CpuExecutor{}, cpu).ok());
+      CHECK(ids.download() == want_ids);
+      CHECK(w.download() == want_w);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+  DeviceBuffer<float> d(64);
+  ops::MoeRouteParams bad;
+  bad.logits = d.data();
+  bad.ids = reinterpret_cast<int32_t*>(d.data());
+  bad.weights = d.data();
+  bad.tokens = 2;
+  bad.experts = 8;
+  bad.top_k = 2;
+  specdec::testing::check_error(
+      kc::router_logits_route(d.data(), d.data(), 4, d.data(), bad, nullptr, nullptr),
+      specdec::StatusCode::kInvalidArgument, {"no arrivals counter"});
+  bad.tokens = 9;
+  specdec::testing::check_error(
+      kc::router_logits_route(d.data(), d.data(), 4, d.data(), bad, arrivals.data(), nullptr),
+      specdec::StatusCode::kInvalidArgument, {"9 tokens", "T <= 8"});
 }
 
 TEST_CASE("kimi_forward_cuda: prefill + decode and aux agree with the CPU executor") {

@@ -37,8 +37,9 @@
 //   xn = rms(x, post_attention_layernorm) (fp32 and bf16)
 //   dense: x += down(silu(xn gate^T) * (xn up^T))   (gate / up one GEMM over stacked weights,
 //          as are q_a / kv_a: the loader places each pair in one block)
-//   MoE:   router logits = xn gate^T in fp32 (cuda::router_logits up to 8 tokens, else SGEMM, on
-//          an fp32 copy of gate: expert choice must not hinge on bf16 rounding), ops::moe_route,
+//   MoE:   router logits = xn gate^T in fp32 (on an fp32 copy of gate: expert choice must not
+//          hinge on bf16 rounding) and ops::moe_route's routing (up to 8 tokens one launch,
+//          cuda::router_logits_route; else SGEMM and ops::moe_route),
 //          ops::moe_experts (fp32 xn, bf16 or INT4 experts) and the shared experts as dense,
 //          both added into x (tensor parallel: into y, summed over the ranks, then x += y);
 //          up to kSharedExpertsSideMaxTokens tokens the shared experts run on the model's side
@@ -197,6 +198,9 @@ class KimiCudaModel {
   cublasHandle_t side_cublas() const { return side_cublas_.get(); }
   cudaEvent_t fork_event() const { return fork_event_.get(); }
   cudaEvent_t join_event() const { return join_event_.get(); }
+  // The counter cuda::router_logits_route's blocks arrive on (0 between launches; the forwards
+  // of one model run one at a time).
+  unsigned* router_arrivals() const { return router_arrivals_.data(); }
 
   // Scratch of a forward over T tokens; grown, never shrunk.
   struct Scratch {
@@ -229,6 +233,7 @@ class KimiCudaModel {
   std::unique_ptr<cublasContext, CublasDeleter> side_cublas_;
   DeviceBuffer<uint8_t> side_cublas_workspace_;
   std::unique_ptr<CUevent_st, EventDeleter> fork_event_, join_event_;
+  DeviceBuffer<unsigned> router_arrivals_;
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
 
@@ -688,6 +693,11 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
     SPECDEC_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     e->reset(event);
   }
+  m.router_arrivals_ = DeviceBuffer<unsigned>(1);
+  if (m.router_arrivals_.data() == nullptr) {
+    return Status::CudaError(fn + "cudaMalloc of the router's arrivals counter failed");
+  }
+  SPECDEC_RETURN_IF_ERROR(m.router_arrivals_.fill_bytes(0));
   *out = std::move(m);
   return Status::Ok();
 }
@@ -1106,17 +1116,9 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
         cuda_swiglu(m.side_cublas(), l.shared_experts, T, H, s, s.shared_y, 0.0f));
     SPECDEC_CUDA_TRY(cudaEventRecord(m.join_event(), m.side_stream()));
   }
-  // Router logits [T, E] in fp32: a decode's or verify's few tokens in one kernel, more as a
-  // GEMM (column-major logits^T [E, T] = gate [E, H] xn^T).
-  if (cuda::router_logits_fits(T, H, s.xn, l.gate)) {
-    SPECDEC_RETURN_IF_ERROR(cuda::router_logits(s.xn, l.gate, T, E, H, s.router, stream));
-  } else {
-    SPECDEC_RETURN_IF_ERROR(cublas_status(
-        cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E),
-                    static_cast<int>(T), static_cast<int>(H), &one, l.gate, static_cast<int>(H),
-                    s.xn, static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
-        "sgemm router"));
-  }
+  // Router logits [T, E] in fp32 and the routing: a decode's or verify's few tokens in one
+  // kernel (router_logits_route: its last block routes), more as a GEMM (column-major logits^T
+  // [E, T] = gate [E, H] xn^T) and moe_route.
   ops::MoeRouteParams rp;
   rp.logits = s.router;
   rp.bias = l.bias;
@@ -1129,7 +1131,17 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
   rp.scale = static_cast<float>(c.routed_scaling_factor);
   rp.ids = s.ids;
   rp.weights = s.moe_w;
-  SPECDEC_RETURN_IF_ERROR(ops::moe_route(CudaExecutor{stream}, rp));
+  if (cuda::router_logits_route_fits(T, H, s.xn, l.gate, E, K)) {
+    SPECDEC_RETURN_IF_ERROR(
+        cuda::router_logits_route(s.xn, l.gate, H, s.router, rp, m.router_arrivals(), stream));
+  } else {
+    SPECDEC_RETURN_IF_ERROR(cublas_status(
+        cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E),
+                    static_cast<int>(T), static_cast<int>(H), &one, l.gate, static_cast<int>(H),
+                    s.xn, static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
+        "sgemm router"));
+    SPECDEC_RETURN_IF_ERROR(ops::moe_route(CudaExecutor{stream}, rp));
+  }
   if (m.experts.size() != E) {  // expert parallel: ids of this rank's experts, -1 for the others'
     SPECDEC_RETURN_IF_ERROR(
         cuda::localize_expert_ids(s.ids, T * K, m.experts.begin, m.experts.end, stream));

@@ -16,10 +16,15 @@
 //   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
 //                   one block per expert, every token (the fp32 router of a decode / verify step
 //                   in one launch; a GEMM library runs T = 1 as a dot and a reduction kernel)
+//   router_logits_route  the same, and the block that finishes last routes the tokens
+//                   (ops::moe_route's rule and device code) into ids / weights [T, top_k]: one
+//                   launch fewer on the MoE layer's chain of small kernels
 //   localize_expert_ids  ids [n] := local_expert_id(id, begin, end): an expert-parallel rank's
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
 //   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
 //                   [first, first + n); argmax_of_keys: argmax_of_keys_reference over keys [P, T]
+// tests/cuda/kimi_router.cu compares router_logits with a CPU dot product and router_logits_route
+// with router_logits + moe_route, bit for bit.
 // Every launcher takes a stream, never synchronises and returns the launch status; every kernel
 // is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel). The norms and
 // the router load their weights before they wait for the kernel before them, so a row's wait is
@@ -36,6 +41,8 @@
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/math.hpp"
 #include "specdec/core/warp.cuh"
+#include "specdec/ops/moe_route/kernel.cuh"
+#include "specdec/ops/moe_route/params.hpp"
 
 namespace specdec::model::kimi::cuda {
 
@@ -326,9 +333,15 @@ constexpr int kRouterEarly = 8;  // float4 of its gate row a thread loads before
 // Block e: expert e's row over its 8 warps (thread i takes float4 columns i, i + 256, ...; all
 // loads of a 7168-wide row in flight at once), each token's sum per thread in column order, a
 // butterfly over each warp, then the warps' sums in warp order: a fixed order.
-static __global__ void __launch_bounds__(kRouterWarps * 32)
+// kRoute (router_logits_route): then each block counts itself in `arrivals` (after a fence that
+// publishes its logits), and the block that arrives last routes the T tokens, warp t token t
+// (ops::moe_route_token, the moe_route kernel's rule and code: the same ids and weights), in
+// dynamic shared memory, and sets arrivals back to 0 for the next launch.
+template <bool kRoute>
+__global__ void __launch_bounds__(kRouterWarps * 32)
     router_logits_kernel(float const* __restrict__ x, float const* __restrict__ gate, int T,
-                         int64_t E, int64_t H, float* __restrict__ logits) {
+                         int64_t E, int64_t H, float* __restrict__ logits,
+                         __grid_constant__ ops::MoeRouteParams const route, unsigned* arrivals) {
   __shared__ float partial[kRouterWarps][kRouterMaxTokens];
   int64_t const e = blockIdx.x;
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -369,11 +382,28 @@ static __global__ void __launch_bounds__(kRouterWarps * 32)
     if (lane == 0) partial[warp][t] = v;
   }
   __syncthreads();
-  if (threadIdx.x >= T) return;
-  float total = 0.0f;
+  if (threadIdx.x < T) {
+    float total = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kRouterWarps; ++w) total += partial[w][threadIdx.x];
-  logits[threadIdx.x * E + e] = total;
+    for (int w = 0; w < kRouterWarps; ++w) total += partial[w][threadIdx.x];
+    logits[threadIdx.x * E + e] = total;
+  }
+  if constexpr (kRoute) {
+    __shared__ bool last;
+    __threadfence();  // this block's logits are visible before its arrival counts
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) + 1u == gridDim.x;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every block's logits, before they are read
+    extern __shared__ float route_shared[];  // per token: score [E], b [E], picked [top_k]
+    if (warp < T) {
+      float* const mine = route_shared + warp * (2 * E + route.top_k);
+      ops::moe_route_token(route, warp, mine, mine + E, reinterpret_cast<int32_t*>(mine + 2 * E),
+                           lane);
+    }
+    if (threadIdx.x == 0) *arrivals = 0u;
+  }
 }
 
 // Whether router_logits takes the shape (else a GEMM): few tokens, 16-byte rows.
@@ -390,8 +420,47 @@ inline Status router_logits(float const* x, float const* gate, int64_t T, int64_
                                    std::to_string(kRouterMaxTokens) +
                                    ", H % 4 == 0, 16-byte aligned x and gate)");
   }
-  return launch_kernel("router_logits", router_logits_kernel, static_cast<unsigned>(E),
-                       kRouterWarps * 32, 0, stream, x, gate, static_cast<int>(T), E, H, logits);
+  return launch_kernel("router_logits", router_logits_kernel<false>, static_cast<unsigned>(E),
+                       kRouterWarps * 32, 0, stream, x, gate, static_cast<int>(T), E, H, logits,
+                       ops::MoeRouteParams{}, static_cast<unsigned*>(nullptr));
+}
+
+// The last block's shared memory in router_logits_route: per token score and b [E] and the
+// picked ids [top_k].
+inline size_t router_route_shared_bytes(int64_t T, int64_t E, int64_t top_k) {
+  return static_cast<size_t>(T * (2 * E + top_k)) * sizeof(float);
+}
+constexpr size_t kRouterRouteMaxShared = 48 * 1024;  // without opting in to more
+
+// Whether router_logits_route takes the shape: router_logits', and the routing's shared memory.
+inline bool router_logits_route_fits(int64_t T, int64_t H, float const* x, float const* gate,
+                                     int64_t E, int64_t top_k) {
+  return router_logits_fits(T, H, x, gate) &&
+         router_route_shared_bytes(T, E, top_k) <= kRouterRouteMaxShared;
+}
+
+// router_logits then ops::moe_route in one launch: the logits go to `logits` [T, E] (which
+// route.logits is set to), route.tokens / experts are T / E; arrivals: one device counter, 0
+// before the first launch (each launch leaves it 0). Launches on one counter must not overlap.
+inline Status router_logits_route(float const* x, float const* gate, int64_t H, float* logits,
+                                  ops::MoeRouteParams route, unsigned* arrivals,
+                                  cudaStream_t stream) {
+  route.logits = logits;
+  SPECDEC_RETURN_IF_ERROR(ops::validate(route));
+  int64_t const T = route.tokens, E = route.experts;
+  if (!router_logits_route_fits(T, H, x, gate, E, route.top_k) || arrivals == nullptr) {
+    return Status::InvalidArgument(
+        "router_logits_route: " + std::to_string(T) + " tokens x hidden " + std::to_string(H) +
+        ", " + std::to_string(E) + " experts, top-" + std::to_string(route.top_k) +
+        (arrivals == nullptr ? ": no arrivals counter"
+                             : " (needs T <= " + std::to_string(kRouterMaxTokens) +
+                                   ", H % 4 == 0, 16-byte aligned x and gate, T (2 E + top_k) "
+                                   "floats of shared memory <= 48 KiB)"));
+  }
+  return launch_kernel("router_logits_route", router_logits_kernel<true>,
+                       static_cast<unsigned>(E), kRouterWarps * 32,
+                       router_route_shared_bytes(T, E, route.top_k), stream, x, gate,
+                       static_cast<int>(T), E, H, logits, route, arrivals);
 }
 
 // An expert-parallel rank holds experts [begin, end): expert id is its local expert id - begin;
