@@ -1117,8 +1117,9 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
     SPECDEC_CUDA_TRY(cudaEventRecord(m.join_event(), m.side_stream()));
   }
   // Router logits [T, E] in fp32 and the routing: a decode's or verify's few tokens in one
-  // kernel (router_logits_route: its last block routes), more as a GEMM (column-major logits^T
-  // [E, T] = gate [E, H] xn^T) and moe_route.
+  // kernel (router_logits_route: its last block routes); else the logits by router_logits (few
+  // tokens, too many experts for the routing's shared memory) or as a GEMM (column-major
+  // logits^T [E, T] = gate [E, H] xn^T), then moe_route.
   ops::MoeRouteParams rp;
   rp.logits = s.router;
   rp.bias = l.bias;
@@ -1135,11 +1136,16 @@ inline Status cuda_mlp(KimiCudaModel const& m, int li, int64_t T, KimiCudaModel:
     SPECDEC_RETURN_IF_ERROR(
         cuda::router_logits_route(s.xn, l.gate, H, s.router, rp, m.router_arrivals(), stream));
   } else {
-    SPECDEC_RETURN_IF_ERROR(cublas_status(
-        cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E),
-                    static_cast<int>(T), static_cast<int>(H), &one, l.gate, static_cast<int>(H),
-                    s.xn, static_cast<int>(H), &zero, s.router, static_cast<int>(E)),
-        "sgemm router"));
+    if (cuda::router_logits_fits(T, H, s.xn, l.gate)) {
+      SPECDEC_RETURN_IF_ERROR(cuda::router_logits(s.xn, l.gate, T, E, H, s.router, stream));
+    } else {
+      SPECDEC_RETURN_IF_ERROR(cublas_status(
+          cublasSgemm(m.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(E),
+                      static_cast<int>(T), static_cast<int>(H), &one, l.gate,
+                      static_cast<int>(H), s.xn, static_cast<int>(H), &zero, s.router,
+                      static_cast<int>(E)),
+          "sgemm router"));
+    }
     SPECDEC_RETURN_IF_ERROR(ops::moe_route(CudaExecutor{stream}, rp));
   }
   if (m.experts.size() != E) {  // expert parallel: ids of this rank's experts, -1 for the others'
