@@ -1,6 +1,6 @@
 // The Kimi CUDA forward's element-wise and per-row kernels (model/kimi/forward_cuda.cuh), each the
-// GPU form of a CPU rule in forward_reference.hpp (tests/cuda/kimi_layer_kernels.cu compares
-// them):
+// GPU form of a CPU rule in forward_reference.hpp (the "kimi layer kernels" cases of
+// tests/cuda/kimi_forward_cuda.cu compare them):
 //   embed_rows      x [T, H] fp32 = embedding rows (bf16 [V, H]) of tokens [T]
 //   rms_norm_rows   rms_norm_reference per row: x [T, n] (row stride) with a bf16 weight [n] ->
 //                   fp32 out (row stride, or row out_rows[t] when given: cache rows) and / or
@@ -23,8 +23,8 @@
 //                   index of a routed expert it holds, -1 (ops::moe_experts skips it) otherwise
 //   row_argmax_keys row_argmax_keys_reference: keys [T] of logits [T, n] holding ids
 //                   [first, first + n); argmax_of_keys: argmax_of_keys_reference over keys [P, T]
-// tests/cuda/kimi_router.cu compares router_logits with a CPU dot product and router_logits_route
-// with router_logits + moe_route, bit for bit.
+// router_logits is compared with a double-precision dot product, router_logits_route with
+// router_logits + moe_route bit for bit.
 // Every launcher takes a stream, never synchronises and returns the launch status; every kernel
 // is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel). The norms and
 // the router load their weights before they wait for the kernel before them, so a row's wait is
@@ -340,7 +340,7 @@ constexpr int kRouterEarly = 8;  // float4 of its gate row a thread loads before
 template <bool kRoute>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     router_logits_kernel(float const* __restrict__ x, float const* __restrict__ gate, int T,
-                         int64_t E, int64_t H, float* __restrict__ logits,
+                         int64_t E, int64_t H, float* logits,
                          __grid_constant__ ops::MoeRouteParams const route, unsigned* arrivals) {
   __shared__ float partial[kRouterWarps][kRouterMaxTokens];
   int64_t const e = blockIdx.x;
