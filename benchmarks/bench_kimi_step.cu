@@ -379,6 +379,29 @@ StepShape verify_shape(int nodes, int branching) {
   return s;
 }
 
+// The step shapes the bench times: every one, or those --steps names (decode B=1 always); an
+// unknown key is a usage error, reported before the model is generated.
+std::vector<StepShape> step_shapes(Options const& o) {
+  std::vector<StepShape> shapes = {decode_shape(1), decode_shape(8), decode_shape(32)};
+  for (int n : {2, 4, 8, 16}) shapes.push_back(verify_shape(n, 1));
+  shapes.push_back(verify_shape(16, 4));
+  shapes.push_back(verify_shape(32, 4));
+  shapes.push_back(verify_shape(64, 8));
+  auto listed = [&](std::string const& key) {
+    return std::find(o.steps.begin(), o.steps.end(), key) != o.steps.end();
+  };
+  for (std::string const& key : o.steps) {
+    auto const has = [&](StepShape const& s) { return s.key == key; };
+    if (std::none_of(shapes.begin(), shapes.end(), has)) {
+      usage(("--steps: no step shape '" + key + "'").c_str());
+    }
+  }
+  if (!o.steps.empty()) {
+    std::erase_if(shapes, [&](StepShape const& s) { return s.key != "decode1" && !listed(s.key); });
+  }
+  return shapes;
+}
+
 struct StepResult {
   StepShape shape;
   Timing eager;  // every kernel launched by the host
@@ -935,6 +958,7 @@ void write_file(std::string const& path, std::string const& text) {
 
 int main(int argc, char** argv) {
   Options const o = parse_flags(argc, argv);
+  std::vector<StepShape> const shapes = step_shapes(o);
   if (!specdec::cuda_device_available()) {
     std::printf("no CUDA device: specdec_bench_kimi_step not run\n");
     return 0;
@@ -1001,23 +1025,6 @@ int main(int argc, char** argv) {
     profile_decode(o.profile_decode, model, cache, o.context, rng, stream);
     check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
     return 0;
-  }
-  std::vector<StepShape> shapes = {decode_shape(1), decode_shape(8), decode_shape(32)};
-  for (int n : {2, 4, 8, 16}) shapes.push_back(verify_shape(n, 1));
-  shapes.push_back(verify_shape(16, 4));
-  shapes.push_back(verify_shape(32, 4));
-  shapes.push_back(verify_shape(64, 8));
-  auto listed = [&](std::string const& key) {
-    return std::find(o.steps.begin(), o.steps.end(), key) != o.steps.end();
-  };
-  for (std::string const& key : o.steps) {
-    auto const has = [&](StepShape const& s) { return s.key == key; };
-    if (std::none_of(shapes.begin(), shapes.end(), has)) {
-      usage(("--steps: no step shape '" + key + "'").c_str());
-    }
-  }
-  if (!o.steps.empty()) {
-    std::erase_if(shapes, [&](StepShape const& s) { return s.key != "decode1" && !listed(s.key); });
   }
   std::vector<StepResult> steps;
   for (StepShape const& shape : shapes) {
