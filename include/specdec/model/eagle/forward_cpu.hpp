@@ -540,6 +540,23 @@ std::string size_mismatch(std::string const& fn, char const* what, std::span<T c
          std::to_string(want) + " (" + why + ")";
 }
 
+// draft_extend's counts: one per request (B), each >= 1; *T = their sum, the entries to extend.
+inline Status extend_entries(std::string const& fn, std::span<int32_t const> counts, int64_t B,
+                             int64_t* T) {
+  if (static_cast<int64_t>(counts.size()) != B) {
+    return Status::InvalidArgument(size_mismatch(fn, "counts", counts, B, "one per request"));
+  }
+  *T = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (counts[b] < 1) {
+      return Status::InvalidArgument(fn + "counts[" + std::to_string(b) + "] = " +
+                                     std::to_string(counts[b]) + " must be >= 1");
+    }
+    *T += counts[b];
+  }
+  return Status::Ok();
+}
+
 }  // namespace detail
 
 // Committed entries: request requests[b] gets counts[b] >= 1 entries (tokens and features taken
@@ -559,18 +576,8 @@ inline Status draft_extend(CpuExecutor, DraftCpuModel const& model, DraftCache* 
     }
     int64_t const B = static_cast<int64_t>(requests.size()), H = model.hidden();
     int64_t const F = model.feature_width(), W = model.kv_width();
-    if (counts.size() != requests.size()) {
-      return Status::InvalidArgument(
-          detail::size_mismatch(fn, "counts", counts, B, "one per request"));
-    }
     int64_t T = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      if (counts[b] < 1) {
-        return Status::InvalidArgument(fn + "counts[" + std::to_string(b) +
-                                       "] = " + std::to_string(counts[b]) + " must be >= 1");
-      }
-      T += counts[b];
-    }
+    SPECDEC_RETURN_IF_ERROR(detail::extend_entries(fn, counts, B, &T));
     if (static_cast<int64_t>(tokens.size()) != T) {
       return Status::InvalidArgument(
           detail::size_mismatch(fn, "tokens", tokens, T, "sum of counts"));

@@ -1283,18 +1283,8 @@ inline Status prepare_draft_extend(CudaExecutor e, DraftCudaModel& model, DraftC
     SPECDEC_RETURN_IF_ERROR(detail::check_padding(fn, *cache, padding.requests, padding.entries));
     int64_t const B = static_cast<int64_t>(requests.size()), H = model.hidden();
     int64_t const F = model.feature_width(), Vd = model.draft_vocab();
-    if (counts.size() != requests.size()) {
-      return Status::InvalidArgument(
-          detail::size_mismatch(fn, "counts", counts, B, "one per request"));
-    }
     int64_t T = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      if (counts[b] < 1) {
-        return Status::InvalidArgument(fn + "counts[" + std::to_string(b) +
-                                       "] = " + std::to_string(counts[b]) + " must be >= 1");
-      }
-      T += counts[b];
-    }
+    SPECDEC_RETURN_IF_ERROR(detail::extend_entries(fn, counts, B, &T));
     int64_t const rows = T + padding.entries, outputs = B + padding.requests;
     std::string const entries_why =
         "sum of counts" + (padding.entries ? " + " + std::to_string(padding.entries) + " filler"
