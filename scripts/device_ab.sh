@@ -14,11 +14,17 @@
 #   tree's build folder. SPECDEC_AB_HEAD_TARGETS (comma-separated) are built in this tree only,
 #   before any run (e.g. specdec_cuda_tests, to run the GPU tests after the A/B without compiling
 #   while it measures). Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
-#   the build logs (a call brings back few files). Where the output is Google Benchmark's console
-#   table (repetitions with medians), $OUT/ab.md (and stdout) lists every median of round 1 and of
-#   the last round, base beside head, with head / base.
-#   Example: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
-#            --benchmark_filter='^BM_sample/'
+#   the build logs (a call brings back few files). SPECDEC_AB_HEAD_ENVS (variants separated by
+#   ';', each one or more space-separated VAR=VALUE) runs this tree's COMMAND again in each round
+#   under each variant's environment, after base and head, as head+1_ROUND.txt, head+2_... (one
+#   build, several switches of an experiment). $OUT/ab.md (and stdout) lists round 1 and the last
+#   round, base beside head and the variants, each over base: every median where the output is
+#   Google Benchmark's console table (repetitions with medians), every step's graph ms where it is
+#   specdec_bench_kimi_step's table.
+#   Examples: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
+#             --benchmark_filter='^BM_sample/'
+#             SPECDEC_AB_HEAD_ENVS='SPECDEC_X=0;SPECDEC_X=1' scripts/device_ab.sh
+#             specdec_bench_kimi_step 2 @BUILD@/benchmarks/specdec_bench_kimi_step --spec-tokens 0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--archive" ]; then
@@ -63,16 +69,23 @@ for side in head base; do
     exit 1
   fi
 done
+IFS=';' read -r -a variants <<< "${SPECDEC_AB_HEAD_ENVS:-}"
+sides=(base head)
+for ((v = 1; v <= ${#variants[@]}; ++v)); do sides+=("head+$v"); done
 for ((r = 1; r <= rounds; ++r)); do
-  for side in base head; do
+  for side in "${sides[@]}"; do
     dir=$PWD/build-h200 && [ $side = base ] && dir=$base/build
     args=("${@//@BUILD@/$dir}")
-    "${args[@]}" > "$logs/${side}_$r.txt" 2>&1 || echo "device_ab: $side round $r exit $?"
+    env=()
+    if [ "${side#head+}" != "$side" ]; then read -r -a env <<< "${variants[${side#head+} - 1]}"; fi
+    env "${env[@]}" "${args[@]}" > "$logs/${side}_$r.txt" 2>&1 ||
+      echo "device_ab: $side round $r exit $?"
   done
 done
-python3 - "$logs" "$rounds" <<'PY' | tee "$out/ab.md"
+for ((v = 1; v <= ${#variants[@]}; ++v)); do echo "device_ab: head+$v = ${variants[v - 1]}"; done
+python3 - "$logs" "$rounds" "${sides[@]}" <<'PY' | tee "$out/ab.md"
 import re, sys
-logs, rounds = sys.argv[1], int(sys.argv[2])
+logs, rounds, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def medians(path):  # name -> median time in us, from Google Benchmark's console output
     scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
     found = {}
@@ -82,14 +95,30 @@ def medians(path):  # name -> median time in us, from Google Benchmark's console
             name = re.sub(r"/(min_time|repeats):[^/ ]*|/manual_time|/real_time", "", m.group(1))
             found[name] = float(m.group(2)) * scale[m.group(3)]
     return found
+def step_graph_ms(path):  # step -> graph ms, from specdec_bench_kimi_step's forward table
+    found = {}
+    for line in open(path, errors="replace"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        # | step | T | eager ms | host ms | graph no PDL ms | graph ms | min ms | max ms | ...
+        if len(cells) >= 12 and cells[1].isdigit() and re.fullmatch(r"[\d.]+", cells[5]):
+            found[cells[0]] = float(cells[5])
+    return found
 for r in sorted({1, rounds}):
-    base, head = medians(f"{logs}/base_{r}.txt"), medians(f"{logs}/head_{r}.txt")
-    if not base and not head:
-        print(f"round {r}: no Google Benchmark medians (see *_{r}.txt in ab_logs.tar.gz)")
-        continue
-    print(f"\n| round {r} | base (us) | head (us) | head / base |\n|---|---:|---:|---:|")
-    for name in dict.fromkeys([*base, *head]):
-        b, h = base.get(name), head.get(name)
-        ratio = f"{h / b:.3f}" if b and h else "-"
-        print(f"| {name} | {f'{b:.2f}' if b else '-'} | {f'{h:.2f}' if h else '-'} | {ratio} |")
+    for parse, unit in ((medians, "us"), (step_graph_ms, "graph ms")):
+        runs = [parse(f"{logs}/{side}_{r}.txt") for side in sides]
+        if not any(runs):
+            continue
+        print(f"\n| round {r} | " + " | ".join(f"{s} ({unit})" for s in sides) + " | " +
+              " | ".join(f"{s} / base" for s in sides[1:]) + " |")
+        print("|---|" + "---:|" * (2 * len(sides) - 1))
+        for name in dict.fromkeys(n for run in runs for n in run):
+            values = [run.get(name) for run in runs]
+            b = values[0]
+            cells = [f"{v:.3f}" if v else "-" for v in values]
+            cells += [f"{v / b:.3f}" if v and b else "-" for v in values[1:]]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        break
+    else:
+        print(f"round {r}: no Google Benchmark medians or step table (see *_{r}.txt in "
+              "ab_logs.tar.gz)")
 PY
