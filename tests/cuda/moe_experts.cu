@@ -12,9 +12,9 @@
 // kInt4ExactTol against the exact reference (the bf16 rounding of x, the weights and h).
 // accumulate adds the sum to y; given x_bf16 and an addend that another stream writes ~2 ms late
 // (addend_ready), the result is the plain launch's plus the addend, bit for bit.
-// INT4 launches of at most 32 assignments are grouped by each kernel's warps from the ids (no
-// group kernel): T = 1 on every shape, T = 7 at top-2 and top-4, and Kimi's 4 x 8 take that
-// path; T = 7 at top-6 and Kimi's 5 x 8 the group kernel's (bf16 launches always use it).
+// Launches of at most 32 assignments (either format) are grouped by each kernel's warps from the
+// ids (no group kernel): T = 1 on every shape, T = 7 at top-2 and top-4, and Kimi's 4 x 8 take
+// that path; T = 7 at top-6 and Kimi's 5 x 8 the group kernel's.
 // A CUDA-graph test captures one launch (64 tokens; 3 tokens, grouped in a warp) and replays it
 // after x and ids change in place. The INT4
 // weights reach the kernels through the CUDA conversion to the tiled order, itself compared word

@@ -9,8 +9,8 @@
 //      shared memory (__match_any_sync, no atomics), warp 0 scans the counts into offsets [E + 1],
 //      per-warp start positions and the list of active experts (increasing id, -1 padded), then
 //      every warp scatters its segment in order into sorted [N]. Ids outside [0, E) are left out.
-//      INT4 with N <= kInWarpAssignments (a decode's or a short verify's): not launched; every
-//      warp of the INT4 kernels finds the same order itself from the N ids, one per lane
+//      With N <= kInWarpAssignments (a decode's or a short verify's): not launched; every
+//      warp of the expert kernels finds the same order itself from the N ids, one per lane
 //      (slot_view: its slot's expert = the slot-th smallest distinct id, the expert's sorted
 //      positions = the count of smaller ids onwards, its assignments in increasing a), one
 //      kernel fewer on the router's chain.
@@ -105,12 +105,55 @@ struct Plan {
   float* out;        // [N, H] by assignment
   int slots;         // min(E, N)
   int group_shift;   // log2(group_size) when it is a power of two, else -1 (INT4)
-  bool in_warp;      // INT4, N <= kInWarpAssignments: offsets / active / sorted are not written;
-                     // the kernels group the ids themselves (slot_view)
+  bool in_warp;      // N <= kInWarpAssignments: offsets / active / sorted are not written; the
+                     // expert kernels group the ids themselves (slot_view)
 };
 
-// Up to this many assignments (one per lane) the INT4 kernels group them in a warp.
+// Up to this many assignments (one per lane) the expert kernels group them in a warp.
 constexpr int kInWarpAssignments = 32;
+
+// Slot `slot`'s expert e (-1: fewer active experts than slots), its sorted positions [begin, end)
+// and, in_warp, its assignments as a lane mask (bit a: ids[a] == e). Called by whole warps.
+struct SlotView {
+  int e = -1, begin = 0, end = 0;
+  unsigned members = 0;
+};
+
+__device__ __forceinline__ SlotView slot_view(MoeExpertsParams const& p, Plan const& plan,
+                                              int slot, int lane) {
+  SlotView v;
+  if (!plan.in_warp) {
+    v.e = plan.active[slot];
+    if (v.e >= 0) {
+      v.begin = plan.offsets[v.e];
+      v.end = plan.offsets[v.e + 1];
+    }
+    return v;
+  }
+  // The group kernel's order, from the ids in the lanes: distinct valid ids ranked by value.
+  int const n = p.tokens * p.top_k;
+  int32_t id = lane < n ? p.ids[lane] : -1;
+  bool const valid = id >= 0 && id < p.experts;
+  if (!valid) id = -1;
+  unsigned const same = __match_any_sync(0xffffffffu, id);
+  unsigned const firsts = __ballot_sync(0xffffffffu, valid && (same & ((1u << lane) - 1u)) == 0);
+  int rank = 0;  // distinct valid ids below this lane's
+  for (unsigned f = firsts; f != 0; f &= f - 1) {
+    rank += __shfl_sync(0xffffffffu, id, __ffs(f) - 1) < id ? 1 : 0;
+  }
+  unsigned const owner = __ballot_sync(0xffffffffu, ((firsts >> lane) & 1u) && rank == slot);
+  if (owner == 0) return v;
+  v.e = __shfl_sync(0xffffffffu, id, __ffs(owner) - 1);
+  v.members = __ballot_sync(0xffffffffu, id == v.e);
+  v.begin = __popc(__ballot_sync(0xffffffffu, valid && id < v.e));
+  v.end = v.begin + __popc(v.members);
+  return v;
+}
+
+// The assignment at sorted position pos of the slot (begin <= pos < end).
+__device__ __forceinline__ int assignment_at(Plan const& plan, SlotView const& v, int pos) {
+  return plan.in_warp ? static_cast<int>(__fns(v.members, 0, pos - v.begin + 1)) : plan.sorted[pos];
+}
 
 // Shared-memory index of chunk column c: 4 floats of padding after every 32 columns, so lanes
 // 32 (INT4) or 8 (bf16) columns apart read distinct banks with 128-bit loads.
@@ -290,12 +333,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kBlockRows = kWarps * kRowsPerMat;
   __shared__ __align__(16) float xs[kTileTokens][kChunkPadded];
 
-  int const e = plan.active[blockIdx.y];
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  SlotView const slot = slot_view(p, plan, static_cast<int>(blockIdx.y), lane);
+  int const e = slot.e;
   if (e < 0) return;  // fewer active experts than slots: the whole block leaves
-  int const begin = plan.offsets[e], end = plan.offsets[e + 1];
+  int const begin = slot.begin, end = slot.end;
   int const rows = kGateUp ? p.inter : p.hidden;  // output rows of each matrix
   int const cols = kGateUp ? p.hidden : p.inter;  // reduction length
-  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int const row0 = blockIdx.x * kBlockRows + warp * kRowsPerMat;
 
   typename Fmt::Matrix mat[kMats];
@@ -335,8 +379,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     int const chunk_cols = min(kChunk, cols - base);
     __syncthreads();  // every warp is done with the previous chunk's xs
     for (int t = 0; t < ntok; ++t) {
-      float const* src = kGateUp ? p.x + static_cast<int64_t>(plan.sorted[t0 + t] / p.top_k) * cols
-                                 : plan.h + static_cast<int64_t>(t0 + t) * cols;
+      float const* src =
+          kGateUp ? p.x + static_cast<int64_t>(assignment_at(plan, slot, t0 + t) / p.top_k) * cols
+                  : plan.h + static_cast<int64_t>(t0 + t) * cols;
       for (int c = threadIdx.x * 4; c < chunk_cols; c += kThreads * 4) {
         *reinterpret_cast<float4*>(&xs[t][padded(c)]) =
             *reinterpret_cast<float4 const*>(src + base + c);
@@ -360,7 +405,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             } else {
               float const d = warp_sum(acc[r][t]);
               if (lane == 0 && n < rows) {
-                plan.out[static_cast<int64_t>(plan.sorted[t0 + t]) * p.hidden + n] = d;
+                plan.out[static_cast<int64_t>(assignment_at(plan, slot, t0 + t)) * p.hidden + n] =
+                    d;
               }
             }
           }
@@ -438,49 +484,6 @@ struct Int4Chunk {
   uint32_t s[2][2][kScales];
   uint4 b[4];                  // 8 operand values per word
 };
-
-// Slot `slot`'s expert e (-1: fewer active experts than slots), its sorted positions [begin, end)
-// and, in_warp, its assignments as a lane mask (bit a: ids[a] == e). Called by whole warps.
-struct SlotView {
-  int e = -1, begin = 0, end = 0;
-  unsigned members = 0;
-};
-
-__device__ __forceinline__ SlotView slot_view(MoeExpertsParams const& p, Plan const& plan,
-                                              int slot, int lane) {
-  SlotView v;
-  if (!plan.in_warp) {
-    v.e = plan.active[slot];
-    if (v.e >= 0) {
-      v.begin = plan.offsets[v.e];
-      v.end = plan.offsets[v.e + 1];
-    }
-    return v;
-  }
-  // The group kernel's order, from the ids in the lanes: distinct valid ids ranked by value.
-  int const n = p.tokens * p.top_k;
-  int32_t id = lane < n ? p.ids[lane] : -1;
-  bool const valid = id >= 0 && id < p.experts;
-  if (!valid) id = -1;
-  unsigned const same = __match_any_sync(0xffffffffu, id);
-  unsigned const firsts = __ballot_sync(0xffffffffu, valid && (same & ((1u << lane) - 1u)) == 0);
-  int rank = 0;  // distinct valid ids below this lane's
-  for (unsigned f = firsts; f != 0; f &= f - 1) {
-    rank += __shfl_sync(0xffffffffu, id, __ffs(f) - 1) < id ? 1 : 0;
-  }
-  unsigned const owner = __ballot_sync(0xffffffffu, ((firsts >> lane) & 1u) && rank == slot);
-  if (owner == 0) return v;
-  v.e = __shfl_sync(0xffffffffu, id, __ffs(owner) - 1);
-  v.members = __ballot_sync(0xffffffffu, id == v.e);
-  v.begin = __popc(__ballot_sync(0xffffffffu, valid && id < v.e));
-  v.end = v.begin + __popc(v.members);
-  return v;
-}
-
-// The assignment at sorted position pos of the slot (begin <= pos < end).
-__device__ __forceinline__ int assignment_at(Plan const& plan, SlotView const& v, int pos) {
-  return plan.in_warp ? static_cast<int>(__fns(v.members, 0, pos - v.begin + 1)) : plan.sorted[pos];
-}
 
 // 3. (kGateUp: tiles = gate and up rows 16 blockIdx.x .., split K over the warps) and
 // 4. (!kGateUp: tiles = down rows 32 (4 blockIdx.x + warp) .. + 31, all of I). kOneScale: the
@@ -748,7 +751,7 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
       if ((1 << s) == p.w.group_size) plan.group_shift = s;
     }
   }
-  plan.in_warp = p.w.int4 && n <= d::kInWarpAssignments;
+  plan.in_warp = n <= d::kInWarpAssignments;
   if (!plan.in_warp) {
     SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel,
                                           1, d::kGroupWarps * 32, 0, stream, p, plan));
