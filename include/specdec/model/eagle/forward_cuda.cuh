@@ -552,7 +552,7 @@ class DraftCudaModel {
   DraftKind kind() const { return config.kind; }
   std::span<int const> layers() const { return config.layers; }
   int64_t draft_to_target(int64_t d) const { return d + d2t[static_cast<size_t>(d)]; }
-  bool loaded() const { return cublas_ != nullptr; }
+  bool loaded() const { return cublas_.get() != nullptr; }
   cublasHandle_t cublas() const { return cublas_.get(); }
   // How often the per-call scratch has grown (moved): a CUDA graph captured over the draft's
   // calls is valid while this stays the same.
@@ -579,16 +579,11 @@ class DraftCudaModel {
   };
 
  private:
-  struct CublasDeleter {
-    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
-  };
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  kimi::CublasHandle cublas_;  // its workspace set once: no allocation in a captured proposal
   DeviceBuffer<uint8_t> arena_;  // the weights, d2t, inv_freq, the error record
   DeviceBuffer<uint8_t> scratch_arena_;
   size_t scratch_bytes_ = 0;
   uint64_t scratch_generation_ = 0;
-  // cuBLAS's workspace, set once: it never allocates inside a captured proposal.
-  DeviceBuffer<uint8_t> cublas_workspace_;
   int32_t* error_record_ = nullptr;  // {call (0 none, 1 extend, 2 step), index, token, 0}
 
   friend Status load_draft_cuda_model(std::string const&, io::DeepseekV3Config const&,
@@ -758,18 +753,7 @@ inline Status load_draft_cuda_model(std::string const& dir, io::DeepseekV3Config
     SPECDEC_CUDA_TRY(cudaMemset(m.error_record_, 0, 4 * sizeof(int32_t)));
     m.d2t = std::move(w.d2t);
     m.t2d = std::move(w.t2d);
-    cublasHandle_t h = nullptr;
-    SPECDEC_RETURN_IF_ERROR(kimi::cublas_status(cublasCreate(&h), "cublasCreate").prefixed(fn));
-    m.cublas_.reset(h);
-    m.cublas_workspace_ = DeviceBuffer<uint8_t>(kimi::kCublasWorkspaceBytes);
-    if (m.cublas_workspace_.data() == nullptr) {
-      return Status::CudaError(fn + "cudaMalloc of the cuBLAS workspace failed");
-    }
-    SPECDEC_RETURN_IF_ERROR(
-        kimi::cublas_status(cublasSetWorkspace(h, m.cublas_workspace_.data(),
-                                               kimi::kCublasWorkspaceBytes),
-                            "cublasSetWorkspace")
-            .prefixed(fn));
+    SPECDEC_RETURN_IF_ERROR(kimi::CublasHandle::create(fn, &m.cublas_));
     *out = std::move(m);
     return Status::Ok();
   });
@@ -799,18 +783,11 @@ inline Status draft_scratch(DraftCudaModel& m, int64_t n, int64_t meta_ints,
   };
   kimi::detail::DeviceCarver sizing;
   carve(sizing);
-  if (sizing.used > m.scratch_bytes_) {
-    size_t const grow = std::max(sizing.used, m.scratch_bytes_ + m.scratch_bytes_ / 2);
-    m.scratch_arena_ = DeviceBuffer<uint8_t>();
-    m.scratch_arena_ = DeviceBuffer<uint8_t>(grow);
-    if (m.scratch_arena_.data() == nullptr) {
-      m.scratch_bytes_ = 0;
-      return Status::CudaError("draft forward (cuda): cudaMalloc of " + std::to_string(grow) +
-                               " bytes of scratch failed");
-    }
-    m.scratch_bytes_ = grow;
-    ++m.scratch_generation_;
-  }
+  bool moved = false;
+  Status const grown = kimi::detail::grow_scratch(&m.scratch_arena_, &m.scratch_bytes_,
+                                                  sizing.used, "draft forward (cuda)", &moved);
+  if (moved) ++m.scratch_generation_;
+  SPECDEC_RETURN_IF_ERROR(grown);
   kimi::detail::DeviceCarver real{m.scratch_arena_.data(), 0};
   carve(real);
   return Status::Ok();

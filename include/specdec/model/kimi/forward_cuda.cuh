@@ -134,6 +134,33 @@ constexpr int64_t kSharedExpertsSideMaxTokens = 16;
 // graph capture): the target's and the draft's (model/eagle/forward_cuda.cuh).
 inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
+// A cuBLAS handle that owns its workspace (kCublasWorkspaceBytes, set once): two handles' GEMMs
+// may run at the same time on two streams. Empty until create().
+class CublasHandle {
+ public:
+  // `what` names the owner in the error messages.
+  static Status create(std::string const& what, CublasHandle* out) {
+    cublasHandle_t h = nullptr;
+    SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate").prefixed(what));
+    out->handle_.reset(h);
+    out->workspace_ = DeviceBuffer<uint8_t>(kCublasWorkspaceBytes);
+    if (out->workspace_.data() == nullptr) {
+      return Status::CudaError(what + "cudaMalloc of a cuBLAS workspace failed");
+    }
+    return cublas_status(cublasSetWorkspace(h, out->workspace_.data(), kCublasWorkspaceBytes),
+                         "cublasSetWorkspace")
+        .prefixed(what);
+  }
+  cublasHandle_t get() const { return handle_.get(); }
+
+ private:
+  struct Deleter {
+    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+  };
+  DeviceBuffer<uint8_t> workspace_;  // declared first: freed after the handle
+  std::unique_ptr<cublasContext, Deleter> handle_;
+};
+
 class KimiCudaModel;
 namespace detail {
 // What a captured forward bakes in (core/cuda_graph.cuh's key): sizes, grid bounds, the batch
@@ -189,7 +216,7 @@ class KimiCudaModel {
   KimiCudaModel& operator=(KimiCudaModel&&) = default;
 
   cublasHandle_t cublas() const { return cublas_.get(); }
-  bool loaded() const { return cublas_ != nullptr; }
+  bool loaded() const { return cublas_.get() != nullptr; }
   // A second stream, with its own cuBLAS handle (bound to it, with its own workspace) and the
   // two events that fork work onto it and join it back: a MoE layer's shared experts run there
   // beside the router and the routed experts (cuda_mlp). Inside a graph capture the fork and the
@@ -217,21 +244,16 @@ class KimiCudaModel {
   };
 
  private:
-  struct CublasDeleter {
-    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
-  };
   struct StreamDeleter {
     void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
   };
   struct EventDeleter {
     void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
   };
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  CublasHandle cublas_;
   DeviceBuffer<uint8_t> arena_;  // the weights
-  DeviceBuffer<uint8_t> cublas_workspace_;
   std::unique_ptr<CUstream_st, StreamDeleter> side_stream_;
-  std::unique_ptr<cublasContext, CublasDeleter> side_cublas_;
-  DeviceBuffer<uint8_t> side_cublas_workspace_;
+  CublasHandle side_cublas_;
   std::unique_ptr<CUevent_st, EventDeleter> fork_event_, join_event_;
   DeviceBuffer<unsigned> router_arrivals_;
   DeviceBuffer<uint8_t> scratch_arena_;
@@ -315,6 +337,27 @@ struct DeviceCarver {
     return base ? reinterpret_cast<T*>(base + at) : nullptr;
   }
 };
+
+// A model's per-call scratch (*arena, *bytes long) made at least `needed` bytes: to the larger
+// of `needed` and 1.5x its size, so rising sizes reallocate a few times only; never shrunk.
+// cudaFree + cudaMalloc synchronise. *moved: whether the old arena was freed (whatever pointed
+// into it, e.g. a captured graph, is stale), also when the new allocation fails.
+inline Status grow_scratch(DeviceBuffer<uint8_t>* arena, size_t* bytes, size_t needed,
+                           std::string const& what, bool* moved) {
+  *moved = false;
+  if (needed <= *bytes) return Status::Ok();
+  size_t const size = std::max(needed, *bytes + *bytes / 2);
+  *arena = DeviceBuffer<uint8_t>();
+  *moved = true;
+  *arena = DeviceBuffer<uint8_t>(size);
+  if (arena->data() == nullptr) {
+    *bytes = 0;
+    return Status::CudaError(what + ": cudaMalloc of " + std::to_string(size) +
+                             " bytes of scratch failed");
+  }
+  *bytes = size;
+  return Status::Ok();
+}
 
 }  // namespace detail
 
@@ -667,22 +710,8 @@ inline Status load_cuda_model_impl(KimiWeights const& w, io::DeepseekV3Config co
     }
   }
   SPECDEC_CUDA_TRY(cudaDeviceSynchronize());
-  // Each cuBLAS handle gets its workspace once: it never allocates inside a forward (a graph
-  // capture), and the two handles' GEMMs may run at the same time.
-  auto make_cublas = [&](std::unique_ptr<cublasContext, KimiCudaModel::CublasDeleter>* handle,
-                         DeviceBuffer<uint8_t>* workspace) -> Status {
-    cublasHandle_t h = nullptr;
-    SPECDEC_RETURN_IF_ERROR(cublas_status(cublasCreate(&h), "cublasCreate"));
-    handle->reset(h);
-    *workspace = DeviceBuffer<uint8_t>(kCublasWorkspaceBytes);
-    if (workspace->data() == nullptr) {
-      return Status::CudaError(fn + "cudaMalloc of a cuBLAS workspace failed");
-    }
-    return cublas_status(cublasSetWorkspace(h, workspace->data(), kCublasWorkspaceBytes),
-                         "cublasSetWorkspace");
-  };
-  SPECDEC_RETURN_IF_ERROR(make_cublas(&m.cublas_, &m.cublas_workspace_));
-  SPECDEC_RETURN_IF_ERROR(make_cublas(&m.side_cublas_, &m.side_cublas_workspace_));
+  SPECDEC_RETURN_IF_ERROR(CublasHandle::create(fn, &m.cublas_));
+  SPECDEC_RETURN_IF_ERROR(CublasHandle::create(fn, &m.side_cublas_));
   cudaStream_t side = nullptr;
   SPECDEC_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   m.side_stream_.reset(side);
@@ -777,18 +806,11 @@ inline Status reserve_scratch(KimiCudaModel& m, int64_t T, int A, int64_t meta_i
   };
   detail::DeviceCarver sizing;
   carve(sizing);
-  if (sizing.used > m.scratch_bytes_) {
-    size_t const grow = std::max(sizing.used, m.scratch_bytes_ + m.scratch_bytes_ / 2);
-    m.scratch_arena_ = DeviceBuffer<uint8_t>();
-    m.scratch_arena_ = DeviceBuffer<uint8_t>(grow);
-    if (m.scratch_arena_.data() == nullptr) {
-      m.scratch_bytes_ = 0;
-      return Status::CudaError("kimi forward (cuda): cudaMalloc of " + std::to_string(grow) +
-                               " bytes of scratch failed");
-    }
-    m.scratch_bytes_ = grow;
-    m.graphs.clear();  // they point into the old scratch
-  }
+  bool moved = false;
+  Status const grown = detail::grow_scratch(&m.scratch_arena_, &m.scratch_bytes_, sizing.used,
+                                            "kimi forward (cuda)", &moved);
+  if (moved) m.graphs.clear();  // they point into the old scratch
+  SPECDEC_RETURN_IF_ERROR(grown);
   detail::DeviceCarver real{m.scratch_arena_.data(), 0};
   carve(real);
   return Status::Ok();
