@@ -100,6 +100,7 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/core/convert.cuh"
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/math.hpp"
@@ -1065,7 +1066,7 @@ inline Status draft_forward_cuda(DraftCudaModel& m, DraftCudaCache* cache, CallR
                                          cudaMemcpyDeviceToDevice, stream));
       }
     } else {  // h = fc(feature), the residual too
-      SPECDEC_RETURN_IF_ERROR(kimi::cuda::to_bf16(rows.features, n * F, s.in_bf, stream));
+      SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(rows.features, n * F, s.in_bf, stream));
       SPECDEC_RETURN_IF_ERROR(kimi::detail::gemm_bf16(h, n, H, F, s.in_bf, F, m.fc, res, CUDA_R_32F,
                                                       H, 0.0f, "gemm fc"));
       h_in = res;
@@ -1117,7 +1118,7 @@ inline Status draft_forward_cuda(DraftCudaModel& m, DraftCudaCache* cache, CallR
     }
     SPECDEC_RETURN_IF_ERROR(kimi::detail::gemm_bf16(h, n, H, 2 * H, s.in_bf, 2 * H, m.fc, res,
                                                     CUDA_R_32F, H, beta, "gemm fc"));
-    SPECDEC_RETURN_IF_ERROR(kimi::cuda::to_bf16(res, n * H, s.x_bf, stream));
+    SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(res, n * H, s.x_bf, stream));
     x_in = s.x_bf;
   }
 
@@ -1177,7 +1178,7 @@ inline Status draft_forward_cuda(DraftCudaModel& m, DraftCudaCache* cache, CallR
   ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   ap.out = s.attn;
   SPECDEC_RETURN_IF_ERROR(cuda::draft_attention(ap, stream));
-  SPECDEC_RETURN_IF_ERROR(kimi::cuda::to_bf16(s.attn, n * Q, s.o_bf, stream));
+  SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(s.attn, n * Q, s.o_bf, stream));
   SPECDEC_RETURN_IF_ERROR(kimi::detail::gemm_bf16(h, n, H, Q, s.o_bf, Q, m.o_proj, res, CUDA_R_32F,
                                                   H, 1.0f, "gemm o_proj"));
 
@@ -1204,7 +1205,7 @@ inline Status draft_logits_cuda(DraftCudaModel& m, float const* hidden, int64_t 
                                                       c.rms_norm_eps, nullptr, 0, nullptr, s.x_bf,
                                                       H, stream));
   } else {
-    SPECDEC_RETURN_IF_ERROR(kimi::cuda::to_bf16(hidden, rows * H, s.x_bf, stream));
+    SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(hidden, rows * H, s.x_bf, stream));
   }
   return kimi::detail::gemm_bf16(m.cublas(), rows, Vd, H, s.x_bf, H, m.lm_head, logits, CUDA_R_32F,
                                  Vd, 0.0f, "gemm lm_head");

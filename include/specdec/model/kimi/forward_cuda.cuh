@@ -72,6 +72,7 @@
 #include <tuple>
 #include <vector>
 
+#include "specdec/core/convert.cuh"
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/cuda_graph.cuh"
 #include "specdec/core/status.hpp"
@@ -1098,7 +1099,7 @@ inline Status cuda_attention(KimiCudaModel const& m, int li, MlaCache* cache, Ba
   ap.workspace_bytes = ops::mla_attention_workspace_bytes(ap.tokens, ap.heads, ap.kv_lora_rank,
                                                           ap.max_slots);
   SPECDEC_RETURN_IF_ERROR(ops::mla_attention(CudaExecutor{stream}, ap));
-  SPECDEC_RETURN_IF_ERROR(cuda::to_bf16(s.lat, T * nh * ckv, s.lat_bf, stream));
+  SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(s.lat, T * nh * ckv, s.lat_bf, stream));
   // Per head h: o_h [T, dv] = lat_h [T, c] W_UV_h^T (bf16 out), one batch over the heads.
   SPECDEC_RETURN_IF_ERROR(gemm_bf16(h, T, dv, ckv, s.lat_bf, nh * ckv, l.kv_b_proj + dq * ckv,
                                     s.o_bf, CUDA_R_16BF, nh * dv, 0.0f,

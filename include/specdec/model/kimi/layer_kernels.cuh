@@ -11,7 +11,6 @@
 //   query_rows      q rows -> bf16 nope parts and the roped pe parts in the absorbed query
 //   silu_mul_bf16   h [T, I] bf16 = silu(g) * u from fp32 g, u rows `stride` floats apart (silu
 //                   as forward_reference's; a stacked gate / up GEMM's output: u = g + I, 2 I)
-//   to_bf16         bf16 copy of fp32 values (round to nearest even, core/dtype.hpp)
 //   add_into        x [n] += part [n] (fp32: a tensor-parallel partial sum into the residual)
 //   router_logits   logits [T, E] = x [T, H] gate^T, fp32 x and gate [E, H], T <= kRouterMaxTokens:
 //                   one block per expert, every token (the fp32 router of a decode / verify step
@@ -297,19 +296,6 @@ inline Status query_rows(QueryRows const& p, cudaStream_t stream) {
   if (n == 0) return Status::Ok();
   return launch_kernel("query_rows", query_rows_kernel,
                        static_cast<unsigned>(ceil_div<int64_t>(n, 256)), 256, 0, stream, p);
-}
-
-static __global__ void to_bf16_kernel(float const* __restrict__ x, int64_t n,
-                                      uint16_t* __restrict__ y) {
-  await_prior_kernels();
-  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = float_to_bf16(x[i]);
-}
-
-inline Status to_bf16(float const* x, int64_t n, uint16_t* y, cudaStream_t stream) {
-  if (n == 0) return Status::Ok();
-  return launch_kernel("to_bf16", to_bf16_kernel, static_cast<unsigned>(ceil_div<int64_t>(n, 256)),
-                       256, 0, stream, x, n, y);
 }
 
 static __global__ void add_into_kernel(float* __restrict__ x, float const* __restrict__ part,

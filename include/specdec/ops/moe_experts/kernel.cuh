@@ -15,8 +15,8 @@
 //      positions = the count of smaller ids onwards, its assignments in increasing a), one
 //      kernel fewer on the router's chain.
 //   INT4 experts, on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation):
-//   2. to_bf16: x [T, H] -> xb [T, H] bf16 (round to nearest even), skipped where the caller
-//      passes x_bf16 (the same values), which gate / up then read instead.
+//   2. to_bf16: x [T, H] -> xb [T, H] bf16 (core/convert.cuh: round to nearest even), skipped
+//      where the caller passes x_bf16 (the same values), which gate / up then read instead.
 //   3. int4_mma<gate_up> grid (ceil(I / 16), S = min(E, N) slots) x 4 warps: block (x, s) takes
 //      the s-th active expert (exits at once past the active count) and rows 16x .. 16x + 15 of
 //      gate and of up; its 4 warps split H into 128-column chunks (split K) and the block sums
@@ -79,6 +79,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "specdec/core/convert.cuh"
 #include "specdec/core/cuda.cuh"
 #include "specdec/core/math.hpp"
 #include "specdec/core/warp.cuh"
@@ -458,22 +459,6 @@ __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale
   }
 }
 
-// 2. xb = bf16(x), 8 columns per thread.
-static __global__ void moe_experts_to_bf16_kernel(float const* x, __nv_bfloat16* xb,
-                                                  int64_t words) {
-  await_prior_kernels();
-  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= words) return;
-  float4 const lo = reinterpret_cast<float4 const*>(x)[2 * i];
-  float4 const hi = reinterpret_cast<float4 const*>(x)[2 * i + 1];
-  uint4 o;
-  o.x = bf16x2_bits(__floats2bfloat162_rn(lo.x, lo.y));
-  o.y = bf16x2_bits(__floats2bfloat162_rn(lo.z, lo.w));
-  o.z = bf16x2_bits(__floats2bfloat162_rn(hi.x, hi.y));
-  o.w = bf16x2_bits(__floats2bfloat162_rn(hi.z, hi.w));
-  reinterpret_cast<uint4*>(xb)[i] = o;
-}
-
 // One warp's loads for one 128-column chunk: packed words of its two A tiles (rows g and g + 8
 // of each), their scales as bf16 pairs (s, s) (kScales: one per row, or one per word when a
 // group is narrower than the lane's 32 columns; 0 past the matrix's end, so those columns
@@ -760,12 +745,8 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
     if (p.x_bf16) {
       plan.xb = const_cast<uint16_t*>(p.x_bf16);  // read only
     } else {
-      int64_t const words = static_cast<int64_t>(p.tokens) * (p.hidden / 8);
-      SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_to_bf16_kernel",
-                                            d::moe_experts_to_bf16_kernel,
-                                            static_cast<unsigned>((words + 255) / 256), 256, 0,
-                                            stream, p.x, static_cast<__nv_bfloat16*>(plan.xb),
-                                            words));
+      SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(p.x, static_cast<int64_t>(p.tokens) * p.hidden,
+                                           static_cast<uint16_t*>(plan.xb), stream));
     }
     SPECDEC_RETURN_IF_ERROR(plan.group_shift >= 5
                                 ? d::moe_experts_launch_int4<true>(p, plan, stream)
