@@ -10,17 +10,19 @@
 #   configures and builds the CMake targets TARGETS (comma-separated) for sm_90 in build-h200
 #   (this tree) and in /tmp/ab-base/build (the archive) at the same time, with what the device has
 #   installed (as scripts/device_run.sh: it has no network for scripts/setup.sh's apt), then runs
-#   COMMAND ROUNDS times on each tree, base first, with every @BUILD@ in it replaced by that
-#   tree's build folder. SPECDEC_AB_HEAD_TARGETS (comma-separated) are built in this tree only,
+#   COMMAND ROUNDS times on each tree, with every @BUILD@ in it replaced by that tree's build
+#   folder: odd rounds base first, even rounds in the reverse order (within a call, the same
+#   kernels run second measured ~0.5% faster: benchmarks/RESULTS.md, 2026-12-05, fourth
+#   session), so take ROUNDS even. SPECDEC_AB_HEAD_TARGETS (comma-separated) are built in this tree only,
 #   before any run (e.g. specdec_cuda_tests, to run the GPU tests after the A/B without compiling
 #   while it measures). Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
 #   the build logs (a call brings back few files). SPECDEC_AB_HEAD_ENVS (variants separated by
 #   ';', each one or more space-separated VAR=VALUE) runs this tree's COMMAND again in each round
 #   under each variant's environment, after base and head, as head+1_ROUND.txt, head+2_... (one
-#   build, several switches of an experiment). $OUT/ab.md (and stdout) lists round 1 and the last
-#   round, base beside head and the variants, each over base: every median where the output is
-#   Google Benchmark's console table (repetitions with medians), every step's graph ms where it is
-#   specdec_bench_kimi_step's table.
+#   build, several switches of an experiment). $OUT/ab.md (and stdout) lists round 1, the last
+#   round and, over 2+ rounds, the mean of all rounds: base beside head and the variants, each
+#   over base; every median where the output is Google Benchmark's console table (repetitions
+#   with medians), every step's graph ms where it is specdec_bench_kimi_step's table.
 #   Examples: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
 #             --benchmark_filter='^BM_sample/'
 #             SPECDEC_AB_HEAD_ENVS='SPECDEC_X=0;SPECDEC_X=1' scripts/device_ab.sh
@@ -73,7 +75,12 @@ IFS=';' read -r -a variants <<< "${SPECDEC_AB_HEAD_ENVS:-}"
 sides=(base head)
 for ((v = 1; v <= ${#variants[@]}; ++v)); do sides+=("head+$v"); done
 for ((r = 1; r <= rounds; ++r)); do
-  for side in "${sides[@]}"; do
+  order=("${sides[@]}")
+  if ((r % 2 == 0)); then
+    order=()
+    for ((i = ${#sides[@]} - 1; i >= 0; --i)); do order+=("${sides[i]}"); done
+  fi
+  for side in "${order[@]}"; do
     dir=$PWD/build-h200 && [ $side = base ] && dir=$base/build
     args=("${@//@BUILD@/$dir}")
     env=()
@@ -103,12 +110,25 @@ def step_graph_ms(path):  # step -> graph ms, from specdec_bench_kimi_step's for
         if len(cells) >= 12 and cells[1].isdigit() and re.fullmatch(r"[\d.]+", cells[5]):
             found[cells[0]] = float(cells[5])
     return found
-for r in sorted({1, rounds}):
+def mean_runs(parse):  # side -> name -> mean over the rounds where the name was found
+    means = []
+    for side in sides:
+        seen = {}
+        for r in range(1, rounds + 1):
+            for name, v in parse(f"{logs}/{side}_{r}.txt").items():
+                seen.setdefault(name, []).append(v)
+        means.append({name: sum(vs) / len(vs) for name, vs in seen.items()})
+    return means
+for r in sorted({1, rounds}) + (["mean"] if rounds > 1 else []):
     for parse, unit in ((medians, "us"), (step_graph_ms, "graph ms")):
-        runs = [parse(f"{logs}/{side}_{r}.txt") for side in sides]
+        if r == "mean":
+            runs = mean_runs(parse)
+        else:
+            runs = [parse(f"{logs}/{side}_{r}.txt") for side in sides]
         if not any(runs):
             continue
-        print(f"\n| round {r} | " + " | ".join(f"{s} ({unit})" for s in sides) + " | " +
+        title = f"mean of {rounds} rounds" if r == "mean" else f"round {r}"
+        print(f"\n| {title} | " + " | ".join(f"{s} ({unit})" for s in sides) + " | " +
               " | ".join(f"{s} / base" for s in sides[1:]) + " |")
         print("|---|" + "---:|" * (2 * len(sides) - 1))
         for name in dict.fromkeys(n for run in runs for n in run):
