@@ -11,18 +11,19 @@
 #   (this tree) and in /tmp/ab-base/build (the archive) at the same time, with what the device has
 #   installed (as scripts/device_run.sh: it has no network for scripts/setup.sh's apt), then runs
 #   COMMAND ROUNDS times on each tree, with every @BUILD@ in it replaced by that tree's build
-#   folder: odd rounds base first, even rounds in the reverse order (within a call, the same
-#   kernels run second measured ~0.5% faster: benchmarks/RESULTS.md, 2026-12-05, fourth
-#   session), so take ROUNDS even. SPECDEC_AB_HEAD_TARGETS (comma-separated) are built in this tree only,
-#   before any run (e.g. specdec_cuda_tests, to run the GPU tests after the A/B without compiling
-#   while it measures). Each run's output is {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with
-#   the build logs (a call brings back few files). SPECDEC_AB_HEAD_ENVS (variants separated by
-#   ';', each one or more space-separated VAR=VALUE) runs this tree's COMMAND again in each round
-#   under each variant's environment, after base and head, as head+1_ROUND.txt, head+2_... (one
-#   build, several switches of an experiment). $OUT/ab.md (and stdout) lists round 1, the last
-#   round and, over 2+ rounds, the mean of all rounds: base beside head and the variants, each
-#   over base; every median where the output is Google Benchmark's console table (repetitions
-#   with medians), every step's graph ms where it is specdec_bench_kimi_step's table.
+#   folder: odd rounds base, head, then the variants below; even rounds the reverse order
+#   (within a call, the same kernels run second measured ~0.5% faster: benchmarks/RESULTS.md,
+#   2026-12-05, fourth session), so take ROUNDS even. SPECDEC_AB_HEAD_TARGETS (comma-separated)
+#   are built in this tree only, before any run (e.g. specdec_cuda_tests, to run the GPU tests
+#   after the A/B without compiling while it measures). Each run's output is
+#   {base,head}_ROUND.txt in $OUT/ab_logs.tar.gz, with the build logs (a call brings back few
+#   files). SPECDEC_AB_HEAD_ENVS (variants separated by ';', each one or more space-separated
+#   VAR=VALUE) runs this tree's COMMAND again in each round under each variant's environment, as
+#   head+1_ROUND.txt, head+2_... (one build, several switches of an experiment). $OUT/ab.md (and
+#   stdout) lists round 1, the last round and, over 2+ rounds, the mean of all rounds: base
+#   beside head and the variants, each over base; every median where the output is Google
+#   Benchmark's console table (repetitions with medians), every step's graph ms where it is
+#   specdec_bench_kimi_step's table.
 #   Examples: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
 #             --benchmark_filter='^BM_sample/'
 #             SPECDEC_AB_HEAD_ENVS='SPECDEC_X=0;SPECDEC_X=1' scripts/device_ab.sh
