@@ -246,14 +246,17 @@ inline Status run_ranks(int size, std::function<Status(int, CpuCommunicator&)> c
   std::vector<Status> status(static_cast<size_t>(size));
   auto body = [&](int rank) {
     CpuCommunicator comm(&group, rank);
-    Status s;
-    try {
-      s = fn(rank, comm);
-    } catch (std::exception const& e) {
-      s = Status::Internal(std::string("exception: ") + e.what());
-    }
+    Status s = [&]() -> Status {
+      try {
+        return fn(rank, comm);
+      } catch (std::exception const& e) {
+        return Status::Internal(std::string("exception: ") + e.what());
+      }
+    }();
     if (!s.ok()) group.abort(rank, s.message());
-    status[static_cast<size_t>(rank)] = std::move(s);
+    // (void): nvcc's front end reads the [[nodiscard]] of Status into the Status& an
+    // assignment returns.
+    (void)(status[static_cast<size_t>(rank)] = std::move(s));
   };
   std::vector<std::thread> threads;
   for (int r = 1; r < size; ++r) threads.emplace_back(body, r);
