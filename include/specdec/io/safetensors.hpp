@@ -44,6 +44,7 @@
 
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
+#include "specdec/io/atomic_file.hpp"
 #include "specdec/io/mapped_file.hpp"
 
 namespace specdec::io {
@@ -627,29 +628,14 @@ inline Status write_safetensors(std::string const& path, std::span<TensorToWrite
   std::string prefix;
   std::vector<size_t> order;
   SPECDEC_RETURN_IF_ERROR(plan_safetensors(tensors, metadata, path, &prefix, &order));
-  std::string const tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return Status::InvalidArgument("cannot create " + tmp + ": " + std::strerror(errno));
+  AtomicFileWriter file(path);
+  SPECDEC_RETURN_IF_ERROR(file.open());
+  bool ok = file.write(prefix.data(), prefix.size());
+  for (size_t i = 0; ok && i < order.size(); ++i) {
+    auto const b = tensors[order[i]].bytes;
+    ok = file.write(b.data(), b.size());
   }
-  bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
-  for (size_t i : order) {
-    auto const b = tensors[i].bytes;
-    if (ok && !b.empty()) ok = std::fwrite(b.data(), 1, b.size(), f) == b.size();
-  }
-  int const write_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return Status::InvalidArgument("cannot write " + tmp + ": " + std::strerror(write_errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int const e = errno;
-    std::remove(tmp.c_str());
-    return Status::InvalidArgument("cannot rename " + tmp + " to " + path + ": " +
-                                   std::strerror(e));
-  }
-  return Status::Ok();
+  return file.commit();
 }
 
 }  // namespace specdec::io

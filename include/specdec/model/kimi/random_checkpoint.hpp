@@ -79,6 +79,7 @@
 
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
+#include "specdec/io/atomic_file.hpp"
 #include "specdec/io/compressed_tensors.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/progress.hpp"
@@ -383,13 +384,9 @@ inline Status write_random_shard(std::string const& path, uint64_t seed,
   std::string prefix;
   std::vector<size_t> order;
   SPECDEC_RETURN_IF_ERROR(io::plan_safetensors(plan, metadata, path, &prefix, &order));
-  std::string const tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return Status::InvalidArgument("cannot create " + tmp + ": " + std::strerror(errno));
-  }
-  bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
-  int write_errno = ok ? 0 : errno;
+  io::AtomicFileWriter file(path);  // removes path.tmp on every early return
+  SPECDEC_RETURN_IF_ERROR(file.open());
+  bool ok = file.write(prefix.data(), prefix.size());
   // A window holds up to 2 tensors per thread and 2^28 generated values (1 GiB of floats).
   constexpr uint64_t kWindowValues = uint64_t{1} << 28;
   size_t const per_window = 2 * std::max(1u, std::thread::hardware_concurrency());
@@ -406,39 +403,20 @@ inline Status write_random_shard(std::string const& path, uint64_t seed,
       generated += values(*entries[order[w]]);
       idx.push_back(order[w++]);
     }
-    Status s = generate_window(seed, entries, idx, &bytes);
-    if (!s.ok()) {
-      std::fclose(f);
-      std::remove(tmp.c_str());
-      return s;
-    }
+    SPECDEC_RETURN_IF_ERROR(generate_window(seed, entries, idx, &bytes));
     for (size_t k = 0; ok && k < idx.size(); ++k) {
       size_t const i = idx[k];
       if (bytes[k].size() != plan[i].bytes.size()) {
-        std::fclose(f);
-        std::remove(tmp.c_str());
         return Status::Internal(path + ": tensor \"" + plan[i].name + "\": generated " +
                                 std::to_string(bytes[k].size()) + " bytes, planned " +
                                 std::to_string(plan[i].bytes.size()));
       }
-      ok = bytes[k].empty() || std::fwrite(bytes[k].data(), 1, bytes[k].size(), f) == bytes[k].size();
-      if (!ok) write_errno = errno;
+      ok = file.write(bytes[k].data(), bytes[k].size());
       *done += bytes[k].size();
       if (progress) progress(*done, total, plan[i].name);
     }
   }
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return Status::InvalidArgument("cannot write " + tmp + ": " + std::strerror(write_errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int const e = errno;
-    std::remove(tmp.c_str());
-    return Status::InvalidArgument("cannot rename " + tmp + " to " + path + ": " +
-                                   std::strerror(e));
-  }
-  return Status::Ok();
+  return file.commit();
 }
 
 inline Status write_text_file(std::string const& path, std::string const& text) {
