@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "specdec/ops/mla_attention/mla_attention.hpp"
+#include "support/paged_batch.hpp"
 #include "support/status_checks.hpp"
 #include "support/testing.hpp"
 
@@ -102,16 +103,7 @@ Problem make_problem(testing::Rng& rng, int heads, int c, int r, int page_size,
     total += pages_of[b];
   }
   P.num_pages = total + 3;
-  std::vector<int32_t> pool(static_cast<size_t>(P.num_pages));
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  P.page_table.assign(static_cast<size_t>(P.batch) * P.max_pages, -1);
-  size_t next = 0;
-  for (int k = 0; k < P.max_pages; ++k) {
-    for (int b = 0; b < P.batch; ++b) {
-      if (k < pages_of[b]) P.page_table[static_cast<size_t>(b * P.max_pages + k)] = pool[next++];
-    }
-  }
+  P.page_table = testing::interleaved_page_table(rng, pages_of, P.max_pages, P.num_pages);
   P.cache.assign(static_cast<size_t>(P.num_pages) * page_size * W, NAN);
   P.entries.resize(static_cast<size_t>(P.batch));
   for (int b = 0; b < P.batch; ++b) {
@@ -119,34 +111,11 @@ Problem make_problem(testing::Rng& rng, int heads, int c, int r, int page_size,
     for (float& x : P.entries[b]) x = normal(rng);
   }
   P.scatter();
-  for (int b = 0; b < P.batch; ++b) {
-    for (int i = 0; i < P.count[b]; ++i) {
-      P.token_request.push_back(b);
-      P.token_index.push_back(i);
-    }
-  }
+  testing::list_tokens(rng, P.count, shuffle_tokens, &P.token_request, &P.token_index);
   P.tokens = static_cast<int>(P.token_request.size());
-  if (shuffle_tokens) {
-    std::vector<int> order(static_cast<size_t>(P.tokens));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<int32_t> tr, ti;
-    for (int o : order) {
-      tr.push_back(P.token_request[o]);
-      ti.push_back(P.token_index[o]);
-    }
-    P.token_request = tr;
-    P.token_index = ti;
-  }
   if (!parents.empty()) {
     P.words = words;
-    P.mask.assign(static_cast<size_t>(P.tokens) * words, 0u);
-    for (int t = 0; t < P.tokens; ++t) {
-      int const b = P.token_request[t];
-      for (int j = P.token_index[t]; j >= 0; j = parents[b][j]) {
-        P.mask[static_cast<size_t>(t * words + j / 32)] |= 1u << (j % 32);
-      }
-    }
+    P.mask = testing::ancestor_mask(P.token_request, P.token_index, parents, words);
   }
   P.q.resize(static_cast<size_t>(P.tokens) * heads * W);
   for (float& x : P.q) x = normal(rng);
