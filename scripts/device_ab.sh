@@ -24,6 +24,9 @@
 #   beside head and the variants, each over base; every median where the output is Google
 #   Benchmark's console table (repetitions with medians), every step's graph ms where it is
 #   specdec_bench_kimi_step's table.
+#   SPECDEC_AB_NO_BASE=1: no base tree (no archive needed): this tree alone is built, with
+#   every core, and its plain runs are what the variants are compared with; for switches that
+#   are off by default, whose off runs are the base's kernels (one build instead of two).
 #   Examples: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
 #             --benchmark_filter='^BM_sample/'
 #             SPECDEC_AB_HEAD_ENVS='SPECDEC_X=0;SPECDEC_X=1' scripts/device_ab.sh
@@ -45,24 +48,32 @@ out=${OUT:-./device-out}
 base=/tmp/ab-base logs=/tmp/ab-logs
 mkdir -p "$out" && rm -rf "$logs" && mkdir -p "$logs"
 trap 'tar czf "$out/ab_logs.tar.gz" -C "$logs" .' EXIT
-if [ ! -f .carry/base.tar ]; then
+no_base=${SPECDEC_AB_NO_BASE:-}
+if [ -n "$no_base" ] && [ -z "${SPECDEC_AB_HEAD_ENVS:-}" ]; then
+  echo "device_ab: SPECDEC_AB_NO_BASE needs SPECDEC_AB_HEAD_ENVS (nothing to compare)" >&2
+  exit 2
+fi
+if [ -z "$no_base" ] && [ ! -f .carry/base.tar ]; then
   echo "device_ab: .carry/base.tar missing (make it here with --archive REF)" >&2
   exit 2
 fi
-rm -rf "$base" && mkdir -p "$base" && tar -xf .carry/base.tar -C "$base"
+[ -z "$no_base" ] && rm -rf "$base" && mkdir -p "$base" && tar -xf .carry/base.tar -C "$base"
 cores=$(nproc)
 build() {  # build TREE FOLDER JOBS LOG [EXTRA_TARGET...]
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
     > "$4" 2>&1 && cmake --build "$2" -j "$3" --target $targets "${@:5}" >> "$4" 2>&1
 }
 start=$SECONDS
-build "$base" "$base/build" $((cores / 3 + 1)) "$logs/build_base.log" &
-base_pid=$!
+base_rc=0 head_cores=$cores
+if [ -z "$no_base" ]; then
+  build "$base" "$base/build" $((cores / 3 + 1)) "$logs/build_base.log" &
+  base_pid=$!
+  head_cores=$((cores - cores / 3))
+fi
 head_only=${SPECDEC_AB_HEAD_TARGETS:-}
-build . build-h200 $((cores - cores / 3)) "$logs/build_head.log" ${head_only//,/ }
+build . build-h200 $head_cores "$logs/build_head.log" ${head_only//,/ }
 head_rc=$?
-wait $base_pid
-base_rc=$?
+[ -z "$no_base" ] && { wait $base_pid; base_rc=$?; }
 echo "device_ab: builds $((SECONDS - start)) s (head rc $head_rc, base rc $base_rc)"
 for side in head base; do
   rc=$head_rc && [ $side = base ] && rc=$base_rc
@@ -74,6 +85,7 @@ for side in head base; do
 done
 IFS=';' read -r -a variants <<< "${SPECDEC_AB_HEAD_ENVS:-}"
 sides=(base head)
+[ -n "$no_base" ] && sides=(head)
 for ((v = 1; v <= ${#variants[@]}; ++v)); do sides+=("head+$v"); done
 for ((r = 1; r <= rounds; ++r)); do
   order=("${sides[@]}")
@@ -130,7 +142,7 @@ for r in sorted({1, rounds}) + (["mean"] if rounds > 1 else []):
             continue
         title = f"mean of {rounds} rounds" if r == "mean" else f"round {r}"
         print(f"\n| {title} | " + " | ".join(f"{s} ({unit})" for s in sides) + " | " +
-              " | ".join(f"{s} / base" for s in sides[1:]) + " |")
+              " | ".join(f"{s} / {sides[0]}" for s in sides[1:]) + " |")
         print("|---|" + "---:|" * (2 * len(sides) - 1))
         for name in dict.fromkeys(n for run in runs for n in run):
             values = [run.get(name) for run in runs]
