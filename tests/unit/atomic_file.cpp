@@ -99,3 +99,24 @@ TEST_CASE("AtomicFileWriter: failures name the file and the reason") {
   REQUIRE(again.commit().ok());
   CHECK(read_all(twice) == "ok");
 }
+
+TEST_CASE("write_file_atomically: the whole text replaces the file; a failure leaves it alone") {
+  specdec::testing::TempDir dir;
+  fs::path const path = fs::path(dir.path) / "config.json";
+  write_all(path, "old contents");
+  Status const s = specdec::io::write_file_atomically(path.string(), "{\"a\": 1}\n");
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  CHECK(read_all(path) == "{\"a\": 1}\n");
+  CHECK_FALSE(fs::exists(path.string() + ".tmp"));
+  // A directory in the way of the rename: named, and nothing is left behind.
+  fs::path const blocked = fs::path(dir.path) / "blocked";
+  fs::create_directories(blocked / "child");
+  specdec::testing::check_error(specdec::io::write_file_atomically(blocked.string(), "x"),
+                                StatusCode::kInvalidArgument,
+                                {"cannot rename", blocked.string() + ".tmp"});
+  CHECK(fs::is_directory(blocked / "child"));
+  CHECK_FALSE(fs::exists(blocked.string() + ".tmp"));
+  std::string const missing = (fs::path(dir.path) / "no_such_dir" / "c.json").string();
+  specdec::testing::check_error(specdec::io::write_file_atomically(missing, "x"),
+                                StatusCode::kInvalidArgument, {"cannot create", missing + ".tmp"});
+}

@@ -2,7 +2,8 @@
 // appends bytes to it; commit() closes it and renames it to `path`. A failed write, close or
 // rename, or a writer destroyed before commit() (an error on the way), removes `path.tmp`, so
 // `path` is either the complete new file or what it was before. Errors name the file and the
-// system's reason. RAII; neither copied nor moved.
+// system's reason. RAII; neither copied nor moved. write_file_atomically(path, bytes) writes a
+// whole file that way in one call.
 #pragma once
 
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "specdec/core/status.hpp"
@@ -80,5 +82,14 @@ class AtomicFileWriter {
   std::FILE* file_ = nullptr;
   int error_ = 0;  // errno of the first failed write
 };
+
+// `path` holds exactly `bytes` afterwards, or (on an error, which names the file and the reason)
+// what it held before.
+inline Status write_file_atomically(std::string const& path, std::string_view bytes) {
+  AtomicFileWriter file(path);
+  if (Status s = file.open(); !s.ok()) return s;
+  file.write(bytes.data(), bytes.size());
+  return file.commit();
+}
 
 }  // namespace specdec::io

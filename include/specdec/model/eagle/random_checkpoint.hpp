@@ -49,6 +49,7 @@
 
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
+#include "specdec/io/atomic_file.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/safetensors.hpp"
 #include "specdec/model/eagle/config.hpp"
@@ -227,7 +228,7 @@ inline Status write_random_eagle3_impl(std::string const& dir, io::DeepseekV3Con
   SPECDEC_RETURN_IF_ERROR(
       kimi::detail::write_random_shard((fs::path(dir) / io::kSafetensorsSingleFile).string(), seed,
                                        shard, {{"format", "pt"}}, {}, &done, total));
-  return kimi::detail::write_text_file(config_path, text);
+  return io::write_file_atomically(config_path, text);
 }
 
 }  // namespace detail

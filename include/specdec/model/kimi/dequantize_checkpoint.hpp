@@ -29,6 +29,7 @@
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/io/compressed_tensors.hpp"
+#include "specdec/io/atomic_file.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/safetensors.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
@@ -125,7 +126,7 @@ inline Status write_dequantized_copy(std::string const& src, std::string const& 
   }
   SPECDEC_RETURN_IF_ERROR(io::write_safetensors(
       (fs::path(dst) / io::kSafetensorsSingleFile).string(), tensors, {{"format", "pt"}}));
-  return detail::write_text_file((fs::path(dst) / "config.json").string(), raw.dump(2) + "\n");
+  return io::write_file_atomically((fs::path(dst) / "config.json").string(), raw.dump(2) + "\n");
 }
 
 }  // namespace specdec::model::kimi

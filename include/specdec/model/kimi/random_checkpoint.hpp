@@ -63,7 +63,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -419,15 +418,6 @@ inline Status write_random_shard(std::string const& path, uint64_t seed,
   return file.commit();
 }
 
-inline Status write_text_file(std::string const& path, std::string const& text) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return Status::InvalidArgument("cannot create " + path);
-  f << text;
-  f.close();
-  if (!f) return Status::InvalidArgument("cannot write " + path);
-  return Status::Ok();
-}
-
 inline bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -530,7 +520,7 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
     return Status::InvalidArgument(dir + ": directory is not empty; random checkpoints are "
                                          "written only into an empty (or new) directory");
   }
-  if (options.config_only) return write_text_file(config_path, config_text);
+  if (options.config_only) return io::write_file_atomically(config_path, config_text);
 
   // Tensors to shards in schema order, by bytes, every shard non-empty.
   uint64_t total = 0;
@@ -568,10 +558,10 @@ inline Status write_random_checkpoint_impl(std::string const& dir, nlohmann::jso
         index["weight_map"][e->spec.name] = name;
       }
     }
-    SPECDEC_RETURN_IF_ERROR(write_text_file(
+    SPECDEC_RETURN_IF_ERROR(io::write_file_atomically(
         (fs::path(dir) / io::kSafetensorsIndexFile).string(), index.dump(2) + "\n"));
   }
-  return write_text_file(config_path, config_text);
+  return io::write_file_atomically(config_path, config_text);
 }
 
 }  // namespace detail
