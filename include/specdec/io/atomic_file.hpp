@@ -87,7 +87,7 @@ class AtomicFileWriter {
 // what it held before.
 inline Status write_file_atomically(std::string const& path, std::string_view bytes) {
   AtomicFileWriter file(path);
-  if (Status s = file.open(); !s.ok()) return s;
+  SPECDEC_RETURN_IF_ERROR(file.open());
   file.write(bytes.data(), bytes.size());
   return file.commit();
 }

@@ -28,8 +28,8 @@
 
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
-#include "specdec/io/compressed_tensors.hpp"
 #include "specdec/io/atomic_file.hpp"
+#include "specdec/io/compressed_tensors.hpp"
 #include "specdec/io/hf_config.hpp"
 #include "specdec/io/safetensors.hpp"
 #include "specdec/model/kimi/random_checkpoint.hpp"
