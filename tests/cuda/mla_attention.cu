@@ -31,41 +31,13 @@ enum class Mode { kDecode, kPrefill, kVerify };
 
 // A batch on the host. Request b holds valid entries in slots [0, capacity[b]) (>= base + count)
 // of its pages; every other row of the cache is NaN.
-struct Problem {
-  int heads = 1, c = 0, r = 0, page_size = 1, batch = 0, tokens = 0, words = 0;
-  int max_pages = 0, num_pages = 0, max_slots = 0;
+struct Problem : testing::PagedMlaBatch {
+  int max_slots = 0;
   float scale = 1.0f;
-  std::vector<int32_t> base, count, capacity;
-  std::vector<int32_t> page_table;  // [B, max_pages], -1 padded
-  std::vector<float> cache;         // [num_pages * page_size, W]
-  std::vector<int32_t> token_request, token_index;
-  std::vector<uint32_t> mask;  // [T, words] or empty (causal)
-  std::vector<float> q;        // [T, heads, W]
-  int width() const { return c + r; }
+  std::vector<int32_t> capacity;
 
   MlaAttentionParams host_params(std::vector<float>* out) {
-    out->assign(static_cast<size_t>(tokens) * heads * c, NAN);
-    MlaAttentionParams p;
-    p.q = q.data();
-    p.cache = cache.data();
-    p.token_request = token_request.data();
-    p.token_index = token_index.data();
-    p.base = base.data();
-    p.page_table = page_table.data();
-    p.mask = mask.empty() ? nullptr : mask.data();
-    p.tokens = tokens;
-    p.heads = heads;
-    p.kv_lora_rank = c;
-    p.rope_dim = r;
-    p.batch = batch;
-    p.page_size = page_size;
-    p.max_pages = max_pages;
-    p.num_pages = num_pages;
-    p.words = words;
-    p.max_slots = max_slots;
-    p.scale = scale;
-    p.out = out->data();
-    return p;
+    return params(out, NAN, max_slots, scale);
   }
 };
 

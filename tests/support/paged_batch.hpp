@@ -1,6 +1,7 @@
 // The parts of a paged attention batch that the mla_attention tests (CPU and CUDA) build alike:
-// the page table [B, max_pages] with pages handed out in turns from a shuffled pool, the token
-// list (request, index) in request order or shuffled, and the tree-verify mask rows [T, words].
+// the batch's host arrays and their MlaAttentionParams, the page table [B, max_pages] with pages
+// handed out in turns from a shuffled pool, the token list (request, index) in request order or
+// shuffled, and the tree-verify mask rows [T, words].
 #pragma once
 
 #include <algorithm>
@@ -10,9 +11,51 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/ops/mla_attention/params.hpp"
 #include "support/testing.hpp"
 
 namespace specdec::testing {
+
+// A paged MLA batch on the host: request b's tokens see its slots [0, base[b] + count[b]) through
+// its row of the page table; entries are W = c + r wide.
+struct PagedMlaBatch {
+  int heads = 1, c = 0, r = 0, page_size = 1, batch = 0, tokens = 0, words = 0;
+  int max_pages = 0, num_pages = 0;
+  std::vector<int32_t> base, count;
+  std::vector<int32_t> page_table;  // [B, max_pages], -1 padded
+  std::vector<float> cache;         // [num_pages * page_size, W]
+  std::vector<int32_t> token_request, token_index;
+  std::vector<uint32_t> mask;  // [T, words] or empty (causal)
+  std::vector<float> q;        // [T, heads, W]
+  int width() const { return c + r; }
+
+  // The op's parameters over these host arrays, *out [T, heads, c] first filled with `poison`.
+  ops::MlaAttentionParams params(std::vector<float>* out, float poison, int max_slots,
+                                 float scale) {
+    out->assign(static_cast<size_t>(tokens) * heads * c, poison);
+    ops::MlaAttentionParams p;
+    p.q = q.data();
+    p.cache = cache.data();
+    p.token_request = token_request.data();
+    p.token_index = token_index.data();
+    p.base = base.data();
+    p.page_table = page_table.data();
+    p.mask = mask.empty() ? nullptr : mask.data();
+    p.tokens = tokens;
+    p.heads = heads;
+    p.kv_lora_rank = c;
+    p.rope_dim = r;
+    p.batch = batch;
+    p.page_size = page_size;
+    p.max_pages = max_pages;
+    p.num_pages = num_pages;
+    p.words = words;
+    p.max_slots = max_slots;
+    p.scale = scale;
+    p.out = out->data();
+    return p;
+  }
+};
 
 // Page table [pages_of.size(), max_pages], -1 padded: request b gets pages_of[b] pages of a
 // shuffled pool of num_pages, handed out in turns between the requests so that their pages

@@ -24,43 +24,13 @@ using namespace specdec::ops;
 namespace {
 
 // A batch on the host: every request's logical entries [base + count, W], scattered into pages.
-struct Problem {
-  int heads = 1, c = 4, r = 4, page_size = 1, batch = 0, tokens = 0, words = 0;
-  int max_pages = 0, num_pages = 0;
-  std::vector<int32_t> base, count;
-  std::vector<std::vector<float>> entries;  // [B][(base + count) * W]
-  std::vector<int32_t> page_table;          // [B, max_pages], -1 padded
-  std::vector<float> cache;                 // [num_pages * page_size, W]; NaN where unused
-  std::vector<int32_t> token_request, token_index;
-  std::vector<uint32_t> mask;  // [T, words] or empty (causal)
-  std::vector<float> q;        // [T, heads, W]
-  int width() const { return c + r; }
+struct Problem : testing::PagedMlaBatch {
+  std::vector<std::vector<float>> entries;  // [B][(base + count) * W]; the cache NaN elsewhere
 
   MlaAttentionParams params(std::vector<float>* out, float scale, int extra_slots = 0) {
     int max_slots = 1;
     for (int b = 0; b < batch; ++b) max_slots = std::max(max_slots, base[b] + count[b]);
-    out->assign(static_cast<size_t>(tokens) * heads * c, -7.0f);
-    MlaAttentionParams p;
-    p.q = q.data();
-    p.cache = cache.data();
-    p.token_request = token_request.data();
-    p.token_index = token_index.data();
-    p.base = base.data();
-    p.page_table = page_table.data();
-    p.mask = mask.empty() ? nullptr : mask.data();
-    p.tokens = tokens;
-    p.heads = heads;
-    p.kv_lora_rank = c;
-    p.rope_dim = r;
-    p.batch = batch;
-    p.page_size = page_size;
-    p.max_pages = max_pages;
-    p.num_pages = num_pages;
-    p.words = words;
-    p.max_slots = max_slots + extra_slots;
-    p.scale = scale;
-    p.out = out->data();
-    return p;
+    return PagedMlaBatch::params(out, -7.0f, max_slots + extra_slots, scale);
   }
 
   // Writes the logical entries into the pages (after a test edits `entries`).
