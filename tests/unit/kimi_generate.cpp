@@ -111,7 +111,9 @@ TEST_CASE("generate: refusals") {
   refused({1}, o, "exceed max_position_embeddings");
   o.max_new_tokens = 4;
   o.temperature = -0.5f;
-  refused({1}, o, "is not a finite value >= 0");
+  refused({1}, o, "temperature -0.5 is neither 0 (greedy) nor a finite value >= 1e-06");
+  o.temperature = 1e-38f;
+  refused({1}, o, "temperature 1e-38 is neither 0 (greedy) nor a finite value >= 1e-06");
   o.temperature = 0.0f;
   o.page_size = 0;
   refused({1}, o, "page_size 0 < 1");

@@ -154,8 +154,13 @@ TEST_CASE("sample: invalid per-request values write a status and token -1, other
   float const inf = std::numeric_limits<float>::infinity();
   float const nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> l = {0.f, 1.f, 2.f, 0.f, 1.f, 2.f, 0.f, 1.f, 2.f, 0.f, 1.f, 2.f,
-                          0.f, 1.f, 2.f, -inf, -inf, -inf, nan, 1.f, 2.f, 0.f, 1.f, 2.f};
+                          0.f, 1.f, 2.f, -inf, -inf, -inf, nan, 1.f, 2.f, 0.f, 1.f, 2.f,
+                          0.f, 1.f, 2.f, 0.f, 1.f, 2.f};
   SampleCase c(l, 3, 1.0f);
+  // Row 8: a positive temperature below the smallest (1 / T would overflow ordinary logits);
+  // row 9: the smallest itself, sampled (near-greedy: token 2).
+  c.temperature[8] = 1e-38f;
+  c.temperature[9] = kSampleMinTemperature;
   c.temperature[0] = nan;
   c.temperature[1] = inf;
   c.top_p[2] = 0.0f;
@@ -172,7 +177,11 @@ TEST_CASE("sample: invalid per-request values write a status and token -1, other
   CHECK(c.status[5] == kSampleBadLogits);
   CHECK(c.status[6] == kSampleBadLogits);
   CHECK(c.status[7] == kSampleOk);
+  CHECK(c.status[8] == kSampleBadTemperature);
+  CHECK(c.status[9] == kSampleOk);
+  CHECK(c.tokens[9] == 2);
   for (int b = 0; b < 7; ++b) CHECK(c.tokens[b] == -1);
+  CHECK(c.tokens[8] == -1);
   CHECK(c.tokens[7] >= 0);
   Status s = check_sample_status(c.status.data(), 8);
   CHECK(!s.ok());

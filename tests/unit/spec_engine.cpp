@@ -280,6 +280,12 @@ TEST_CASE("engine: bad requests are refused by name") {
   GenerationRequest nucleus = request({1, 2}, 4);
   nucleus.top_p = 0.0f;
   refuse(nucleus, {"request 1", "top_p 0", "(0, 1]"});
+  GenerationRequest cold = request({1, 2}, 4);
+  cold.temperature = 1e-30f;  // 1 / T would overflow the scaled logits
+  refuse(cold, {"request 1", "temperature 1e-30", ">= 1e-06"});
+  GenerationRequest fewest = request({1, 2}, 4);
+  fewest.top_k = -5;
+  refuse(fewest, {"request 1", "top_k -5 < -1"});
   GenerationRequest const longer = request(std::vector<int32_t>(200, 1), 54);
   refuse(longer, {"request 1", "speculative positions", "max_position_embeddings 256"});
   std::vector<GenerationResult> out;

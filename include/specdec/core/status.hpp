@@ -4,6 +4,7 @@
 // --speculative-num-draft-tokens"). Nothing in the library adjusts a value silently.
 #pragma once
 
+#include <charconv>
 #include <string>
 #include <utility>
 
@@ -58,6 +59,14 @@ class [[nodiscard]] Status {
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
 };
+
+// A float as messages show it: the shortest text that reads back as the same float ("1e-38",
+// "0.9", "nan"), where std::to_string would print 0.000000 or 0.900000.
+inline std::string float_text(float v) {
+  char buf[32];
+  auto const r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
 
 }  // namespace specdec
 

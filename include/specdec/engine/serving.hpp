@@ -37,8 +37,8 @@ namespace specdec::engine {
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // >= 1 target token ids
   int max_new_tokens = 16;
-  float temperature = 0.0f;  // 0: greedy
-  int32_t top_k = 0;         // <= 0: no top-k
+  float temperature = 0.0f;  // 0: greedy, else >= ops::kSampleMinTemperature
+  int32_t top_k = 0;         // -1 or 0: no top-k
   float top_p = 1.0f;        // (0, 1]; 1: no top-p
   uint64_t seed = 0;
   bool stop_at_eos = true;            // stop at the target config's eos ids

@@ -47,10 +47,10 @@
 // fit the policy (algorithm, layer set and order, feature width, vocabulary), a request with an
 // empty prompt, an id outside the vocabulary, max_new_tokens < 1, prompt + max_new_tokens +
 // kPathCapacity - 1 past max_position_embeddings (the target's, and the draft's), a
-// temperature that is negative or not finite, top_p outside (0, 1]; on the CUDA executor, a
-// tree the CUDA draft_select kernels do not take (topk outside {1, 2, 4, 8}, more than 2048
-// candidates), and a token outside the vocabulary that the draft met on the device
-// (draft_device_errors).
+// temperature that is negative, not finite or above 0 and below ops::kSampleMinTemperature,
+// top_p outside (0, 1], top_k < -1; on the CUDA executor, a tree the CUDA draft_select kernels
+// do not take (topk outside {1, 2, 4, 8}, more than 2048 candidates), and a token outside the
+// vocabulary that the draft met on the device (draft_device_errors).
 //
 // Executors (one engine, a target per executor; engine/target_cpu.hpp, engine/target_cuda.cuh):
 //   SpecEngine<P, CpuExecutor>   the CPU Kimi forward and the ops' CPU references
@@ -198,8 +198,12 @@ inline Status check_request(io::DeepseekV3Config const& c, GenerationRequest con
   SPECDEC_RETURN_IF_ERROR(
       model::kimi::detail::check_generate(c, r.prompt, o, &unused).prefixed(who + ": "));
   if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) {
-    return Status::InvalidArgument(who + ": top_p " + std::to_string(r.top_p) +
+    return Status::InvalidArgument(who + ": top_p " + float_text(r.top_p) +
                                    " outside (0, 1] (1 means no top-p)");
+  }
+  if (r.top_k < -1) {
+    return Status::InvalidArgument(who + ": top_k " + std::to_string(r.top_k) +
+                                   " < -1 (-1 or 0 means no top-k; k >= 1 keeps the k best)");
   }
   for (int32_t id : r.stop_ids) {
     if (id < 0 || id >= c.vocab_size) {

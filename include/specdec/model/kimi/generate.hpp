@@ -12,8 +12,8 @@
 // rest); tokens_per_s = output tokens / (prefill + decode) seconds, decode_tokens_per_s = tokens
 // after the first / decode_seconds.
 // Errors name the option: empty prompt, a prompt id outside the vocabulary, max_new_tokens < 1,
-// a prompt plus new tokens past max_position_embeddings, a negative or non-finite temperature,
-// page_size < 1.
+// a prompt plus new tokens past max_position_embeddings, a temperature that is negative, not
+// finite or above 0 and below ops::kSampleMinTemperature, page_size < 1.
 #pragma once
 
 #include <chrono>
@@ -78,9 +78,11 @@ inline Status check_generate(io::DeepseekV3Config const& config, std::span<int32
                " new tokens exceed max_position_embeddings " +
                std::to_string(config.max_position_embeddings));
   }
-  if (!(o.temperature >= 0.0f) || std::isinf(o.temperature)) {
-    return bad("temperature " + std::to_string(o.temperature) +
-               " is not a finite value >= 0 (0 means greedy)");
+  if (ops::sample_config_error(o.temperature, 1.0f) != ops::kSampleOk ||
+      o.temperature < 0.0f) {
+    return bad("temperature " + float_text(o.temperature) +
+               " is neither 0 (greedy) nor a finite value >= " +
+               float_text(ops::kSampleMinTemperature));
   }
   if (o.page_size < 1) return bad("page_size " + std::to_string(o.page_size) + " < 1");
   return Status::Ok();

@@ -10,6 +10,8 @@
 // The target distribution p of a logit row l (the definition the CPU reference and the kernels
 // both implement; "key" is float_order_key, so float order is the unsigned order of keys):
 //   * T = temperature[b] <= 0: greedy. p is one-hot at argmax_v l_v (ties: smallest token id).
+//     A positive T below kSampleMinTemperature is refused (kSampleBadTemperature): 1 / T would
+//     scale ordinary logits past the float range.
 //   * otherwise z_v = l_v * (1 / T) (the float reciprocal, then a float multiply), m = max_v z_v.
 //     - top-k: k = top_k[b]; 0 < k < V keeps v with key(z_v) >= K_k, the k-th largest key
 //       (ties at the threshold are kept, so possibly more than k tokens); k <= 0 or k >= V keeps
@@ -27,9 +29,10 @@
 // a partial mass).
 // `sample` draws u = keys.uniform(b, 0, 0).
 //
-// Invalid per-request values are device data and are never clamped: NaN or +inf temperature,
-// top_p NaN, <= 0 or > 1, and a row whose (scaled) maximum is not finite (NaN, +inf, or every
-// logit -inf) write status[b] != 0 and token -1.
+// Invalid per-request values are device data and are never clamped: NaN or +inf temperature, a
+// positive temperature below kSampleMinTemperature, top_p NaN, <= 0 or > 1, and a row whose
+// (scaled) maximum is not finite (NaN, +inf, or every logit -inf) write status[b] != 0 and
+// token -1.
 #pragma once
 
 #include <cmath>
@@ -44,10 +47,14 @@
 
 namespace specdec::ops {
 
+// The smallest positive temperature: z = l / T stays finite for every logit |l| < 3.4e32. Below
+// it (and above 0, which means greedy) a temperature is refused, never rounded to greedy.
+constexpr float kSampleMinTemperature = 1e-6f;
+
 // Per-request result of sample / verify_sample, written to their status [B] arrays.
 enum SampleError : int32_t {
   kSampleOk = 0,
-  kSampleBadTemperature = 1,  // temperature is NaN or +inf
+  kSampleBadTemperature = 1,  // temperature is NaN, +inf or in (0, kSampleMinTemperature)
   kSampleBadTopP = 2,         // top_p is NaN or outside (0, 1]
   kSampleBadLogits = 3,       // a used logit row's (scaled) maximum is NaN or infinite
   kSampleBadTree = 4,         // verify_sample: tree_status != 0 or broken links; request skipped
@@ -56,7 +63,8 @@ enum SampleError : int32_t {
 inline const char* sample_error_name(int32_t code) {
   switch (code) {
     case kSampleOk: return "ok";
-    case kSampleBadTemperature: return "temperature is NaN or +inf";
+    case kSampleBadTemperature:
+      return "temperature is NaN, +inf or above 0 and below 1e-6 (0 means greedy)";
     case kSampleBadTopP: return "top_p is NaN or outside (0, 1]";
     case kSampleBadLogits: return "logit row maximum is NaN or infinite (or every logit is -inf)";
     case kSampleBadTree: return "malformed tree (tree_status != 0): request skipped";
@@ -141,7 +149,10 @@ inline Status validate_sample_workspace(void const* workspace, size_t bytes, int
 
 // The per-request settings' error, or kSampleOk.
 SPECDEC_HD inline int32_t sample_config_error(float temperature, float top_p) {
-  if (temperature != temperature || temperature == INFINITY) return kSampleBadTemperature;
+  if (temperature != temperature || temperature == INFINITY ||
+      (temperature > 0.0f && temperature < kSampleMinTemperature)) {
+    return kSampleBadTemperature;
+  }
   if (!(top_p > 0.0f && top_p <= 1.0f)) return kSampleBadTopP;  // NaN fails too
   return kSampleOk;
 }
