@@ -250,6 +250,41 @@ if(NOT rc EQUAL 2 OR NOT out MATCHES "${device_step_refused}")
   message(FATAL_ERROR "--disable-device-step on a plain CPU run: exit ${rc}, expected 2: ${out}")
 endif()
 
+# --disable-cuda-graph belongs to the CUDA executor; an empty flag value (which would read as
+# "not given") and a serve queue of 0 (every request refused) are usage errors by name. serve
+# checks its flags before it needs the HTTP server, so these hold in every build.
+run_kimi(out rc ${greedy} --disable-cuda-graph)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--disable-cuda-graph is for --device cuda .*got --device cpu")
+  message(FATAL_ERROR "--disable-cuda-graph on a CPU run: exit ${rc}, expected 2: ${out}")
+endif()
+# (execute_process itself: a function's ARGN would drop the empty argument)
+foreach(case "generate --model-path" "generate --tokenizer" "serve --model-path" "serve --api-key")
+  separate_arguments(args UNIX_COMMAND "${case}")
+  execute_process(COMMAND "${KIMI}" ${args} "" OUTPUT_VARIABLE out ERROR_VARIABLE out
+                  RESULT_VARIABLE rc)
+  list(GET args 1 flag)
+  if(NOT rc EQUAL 2 OR NOT out MATCHES "${flag} got an empty value: give one or leave the flag")
+    message(FATAL_ERROR "${case} \"\": exit ${rc}, expected 2: ${out}")
+  endif()
+endforeach()
+run_kimi(out rc serve --model-path "${DIR}" --max-queued-requests 0)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--max-queued-requests 0: must be >= 1")
+  message(FATAL_ERROR "serve --max-queued-requests 0: exit ${rc}, expected 2: ${out}")
+endif()
+run_kimi(out rc serve --model-path "${DIR}" --max-total-tokens 0)
+if(NOT rc EQUAL 2 OR NOT out MATCHES "--max-total-tokens 0: must be >= 1")
+  message(FATAL_ERROR "serve --max-total-tokens 0: exit ${rc}, expected 2: ${out}")
+endif()
+run_kimi(out rc generate --model-path "${DIR}" --input-ids 7 --max-new-tokens 2 --top-k -5)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "top_k -5 < -1")
+  message(FATAL_ERROR "generate --top-k -5: exit ${rc}, expected 1: ${out}")
+endif()
+run_kimi(out rc generate --model-path "${DIR}" --input-ids 7 --max-new-tokens 2
+         --temperature 1e-30)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "temperature 1e-30 is neither 0 \\(greedy\\) nor")
+  message(FATAL_ERROR "generate --temperature 1e-30: exit ${rc}, expected 1: ${out}")
+endif()
+
 # --cuda-graph-bs states the compiled graph ladder (SGLang's spaced form or a comma list); any
 # other ladder is a usage error naming the compiled one.
 execute_process(COMMAND "${KIMI}" ${greedy} --cuda-graph-bs 1 2 4 8 16 32 64 128 256

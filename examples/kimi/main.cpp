@@ -380,9 +380,13 @@ class Flags {
     return true;
   }
   bool is(char const* name) const { return flag_ == name; }
+  // The flag's value; an empty one is refused (it would read as "not given": --api-key "" would
+  // serve without a key, --model-path "" the embedded demo).
   char const* value() {
     if (i_ + 1 >= argc_) fail_usage(flag_ + " needs a value");
-    return argv_[++i_];
+    char const* v = argv_[++i_];
+    if (v[0] == '\0') fail_usage(flag_ + " got an empty value: give one or leave the flag out");
+    return v;
   }
   template <class T>
   T number() {
@@ -1061,6 +1065,10 @@ void check_common_flags(GenerateFlags const& g) {
     fail_usage("--disable-device-step is for --device cuda with --speculative-algorithm EAGLE3 "
                "or EAGLE (the steps that keep the proposal on the device); got --device " +
                g.device + " and " + g.spec.algorithm);
+  }
+  if (!g.cuda_graph && g.device != "cuda") {
+    fail_usage("--disable-cuda-graph is for --device cuda (the CPU executor captures no graphs); "
+               "got --device " + g.device);
   }
   if (g.nnodes == 1 && !g.dist_init_addr.empty()) {
     fail_usage("--dist-init-addr is for --nnodes > 1 (one process needs no rendezvous)");
@@ -2062,12 +2070,27 @@ int serve(int argc, char** argv) {
   if (g.path.empty()) use_embedded_demo(g, argv[0], "serve");
   check_common_flags(g);
   if (port < 0 || port > 65535) fail_usage("--port " + std::to_string(port) + ": use 0..65535");
-  if (sf.max_running < 1 || sf.max_total_tokens < 1 || sf.chunked_prefill_size < 1 ||
-      sf.context_length < 0 || sf.max_queued < 0 || sf.decode_log_interval < 0 ||
-      default_max_tokens < 1) {
-    fail_usage("--max-running-requests, --max-total-tokens, --chunked-prefill-size and "
-               "--default-max-tokens must be >= 1; --context-length, --max-queued-requests and "
-               "--decode-log-interval >= 0");
+  auto const at_least = [](char const* flag, int64_t value, int64_t least, char const* why) {
+    if (value < least) {
+      fail_usage(std::string(flag) + " " + std::to_string(value) + ": must be >= " +
+                 std::to_string(least) + why);
+    }
+  };
+  at_least("--max-running-requests", sf.max_running, 1, "");
+  at_least("--max-total-tokens", sf.max_total_tokens, 1, "");
+  at_least("--chunked-prefill-size", sf.chunked_prefill_size, 1, "");
+  at_least("--default-max-tokens", default_max_tokens, 1, "");
+  at_least("--max-queued-requests", sf.max_queued, 1,
+           " (with no room to wait every request would be refused)");
+  at_least("--context-length", sf.context_length, 0, " (0: the model's)");
+  at_least("--decode-log-interval", sf.decode_log_interval, 0, " (0: no decode log)");
+  int64_t const pages =
+      g.o.page_size >= 1 ? specdec::ceil_div<int64_t>(sf.max_total_tokens, g.o.page_size) : 0;
+  if (pages > std::numeric_limits<int>::max()) {
+    fail_usage("--max-total-tokens " + std::to_string(sf.max_total_tokens) + " is " +
+               std::to_string(pages) + " pages of " + std::to_string(g.o.page_size) +
+               " tokens, past the pool's limit of " +
+               std::to_string(std::numeric_limits<int>::max()) + " pages");
   }
 #if !defined(SPECDEC_HAVE_SERVER)
   (void)host, (void)api_key, (void)default_max_tokens;

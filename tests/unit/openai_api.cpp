@@ -346,6 +346,10 @@ TEST_CASE("errors: malformed JSON and a body that is not an object") {
     reject(ep, R"([1, 2])", "", {"must be a JSON object", "got array"});
     reject(ep, R"("text")", "", {"must be a JSON object", "got string"});
     reject(ep, "null", "", {"must be a JSON object", "got null"});
+    // A number past the double range: a malformed body (400), not a server error.
+    reject(ep, body_with(ep, member(key_of(ep, "max_tokens"), "1e400")), "",
+           {"malformed JSON: ", "1e400"});
+    reject(ep, body_with(ep, R"("temperature": -1e999)"), "", {"malformed JSON: "});
   }
 }
 
@@ -466,8 +470,13 @@ TEST_CASE("errors: values out of range name the field, the value and the range")
     out("max_tokens", "2147483648", {"between 1 and 2147483647", "got 2147483648"});
     out("max_tokens", "1e300", {"between 1 and 2147483647"});
     out("max_tokens", "18446744073709551615", {"got 18446744073709551615"});
-    out("temperature", "-0.1", {"between 0 and 2", "got -0.1"});
-    out("temperature", "2.5", {"between 0 and 2", "got 2.5"});
+    out("temperature", "-0.1", {"0 (greedy) or a number between 1e-06 and 2", "got -0.1"});
+    out("temperature", "2.5", {"between 1e-06 and 2", "got 2.5"});
+    // Above 0 but below the smallest temperature (1 / T would overflow the scaled logits), and
+    // below the smallest float (it would read as 0, greedy): refused, never rounded.
+    out("temperature", "1e-38", {"between 1e-06 and 2", "got 1e-38"});
+    out("temperature", "1e-50", {"between 1e-06 and 2", "got 1e-50"});
+    out("top_p", "1e-50", {"greater than 0 and at most 1", "32-bit float", "got 1e-50"});
     out("top_p", "0", {"greater than 0 and at most 1", "got 0"});
     out("top_p", "1.01", {"greater than 0 and at most 1", "got 1.01"});
     out("top_k", "-2", {"-1 or 0", "between 1 and 2147483647", "got -2"});
@@ -493,6 +502,8 @@ TEST_CASE("errors: values out of range name the field, the value and the range")
                                      "\"top_k\": -1, \"seed\": 0, \"stop_token_ids\": []"));
     CHECK(r.sampling.max_tokens == 2147483647);
     CHECK(r.sampling.temperature == 2.0f);
+    CHECK(accept(ep, body_with(ep, R"("temperature": 1e-6)")).sampling.temperature ==
+          specdec::ops::kSampleMinTemperature);
     CHECK(r.sampling.top_k == -1);
     CHECK(r.sampling.seed == std::optional<uint64_t>(0));
     CHECK(r.sampling.stop_token_ids.empty());
@@ -575,6 +586,30 @@ TEST_CASE("errors: fields this server does not support") {
               "sampling_params.min_new_tokens");
   unsupported(g, R"({"text": "a", "sampling_params": {"no_stop_trim": true}})",
               "sampling_params.no_stop_trim");
+  unsupported(g, R"({"text": "a", "sampling_params": {"skip_special_tokens": false}})",
+              "sampling_params.skip_special_tokens");
+  // vLLM's extensions of the OpenAI endpoints.
+  for (Endpoint ep : {c, chat}) {
+    unsupported(ep, body_with(ep, R"("min_tokens": 3)"), "min_tokens");
+    unsupported(ep, body_with(ep, R"("use_beam_search": true)"), "use_beam_search");
+    unsupported(ep, body_with(ep, R"("guided_json": {"type": "object"})"), "guided_json");
+    unsupported(ep, body_with(ep, R"("guided_regex": "[0-9]+")"), "guided_regex");
+    unsupported(ep, body_with(ep, R"("guided_choice": ["a", "b"])"), "guided_choice");
+    unsupported(ep, body_with(ep, R"("skip_special_tokens": false)"), "skip_special_tokens");
+    accept(ep, body_with(ep, R"("min_tokens": 0, "use_beam_search": false, "guided_json": null,
+                                "skip_special_tokens": true)"));
+  }
+  unsupported(chat, "{" + m + R"(, "add_generation_prompt": false})", "add_generation_prompt");
+  unsupported(chat, "{" + m + R"(, "continue_final_message": true})", "continue_final_message");
+  unsupported(chat, "{" + m + R"(, "chat_template_kwargs": {"thinking": true}})",
+              "chat_template_kwargs");
+  unsupported(chat, "{" + m + R"(, "echo": true})", "echo");
+  unsupported(chat,
+              R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant",
+                  "content": "", "tool_calls": [{"id": "1", "type": "function"}]}]})",
+              "messages[1].tool_calls");
+  accept(chat, R"({"messages": [{"role": "user", "content": "q", "tool_calls": []}],
+                   "add_generation_prompt": true, "chat_template_kwargs": {}})");
   // Non-text content parts name the part's type.
   ApiError const e =
       reject(chat,
@@ -583,6 +618,30 @@ TEST_CASE("errors: fields this server does not support") {
              "messages[0].content[1].type",
              {"'messages[0].content[1].type'", "\"image_url\"", "not supported", "text"});
   CHECK(e.code == "unsupported_value");
+}
+
+TEST_CASE("errors: /generate's sampling fields outside sampling_params, or by OpenAI's names") {
+  Endpoint const g = Endpoint::kGenerate;
+  for (std::string const key : {"temperature", "max_new_tokens", "max_tokens", "top_k", "stop",
+                                "regex", "skip_special_tokens"}) {
+    reject(g, R"({"text": "a", ")" + key + R"(": 0})", key,
+           {"'" + key + "' = 0", "belongs in sampling_params"});
+  }
+  for (std::string const key : {"max_tokens", "max_completion_tokens"}) {
+    reject(g, R"({"text": "a", "sampling_params": {")" + key + R"(": 5}})",
+           "sampling_params." + key, {"OpenAI's name", "max_new_tokens"});
+  }
+}
+
+TEST_CASE("errors: an empty model or rid, which would read as not given") {
+  for (Endpoint ep : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    reject(ep, body_with(ep, R"("model": "")"), "model", {"'model' is an empty string"});
+  }
+  reject(Endpoint::kGenerate, R"({"text": "a", "rid": ""})", "rid",
+         {"'rid' is an empty string"});
+  CHECK(accept(Endpoint::kGenerate, R"({"text": "a", "rid": "r-1"})").rid ==
+        std::optional<std::string>("r-1"));
+  CHECK_FALSE(accept(Endpoint::kGenerate, R"({"text": "a", "rid": null})").rid.has_value());
 }
 
 TEST_CASE("errors: a server default below 1 is a server bug (500)") {

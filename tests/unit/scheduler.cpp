@@ -443,6 +443,23 @@ TEST_CASE("scheduler: the log says when the batch size changes how much is draft
   }
 }
 
+TEST_CASE("scheduler: options that would refuse every request or log nonsense are refused") {
+  using P = NG<Chain<3>>;
+  auto const e = make_engine<P>();
+  auto refused = [&](int max_queued, int decode_log_interval, std::string const& what) {
+    engine::SchedulerOptions o;
+    o.session = SessionOptions{1, 10, 64, 64};
+    o.max_queued = max_queued;
+    o.decode_log_interval = decode_log_interval;
+    std::unique_ptr<Scheduler<SpecEngine<P, CpuExecutor>>> s;
+    testing::check_error(Scheduler<SpecEngine<P, CpuExecutor>>::create(&e, o, {}, &s),
+                         StatusCode::kInvalidArgument, {what});
+    CHECK(s == nullptr);
+  };
+  refused(0, 0, "max_queued 0 < 1: every request would be refused");
+  refused(1, -1, "decode_log_interval -1 < 0");
+}
+
 TEST_CASE("scheduler: a stop and a cancel free the request; a full queue and a huge request are refused") {
   using P = NG<Chain<3>>;
   auto const e = make_engine<P>();

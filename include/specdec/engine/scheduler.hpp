@@ -59,7 +59,7 @@ namespace specdec::engine {
 
 struct SchedulerOptions {
   SessionOptions session;
-  int max_queued = 4096;            // waiting requests at most; submit past it is refused
+  int max_queued = 4096;            // >= 1 waiting requests at most; submit past it is refused
   int decode_log_interval = 40;     // speculative steps between decode log lines; 0: none
   std::function<void(std::string const&)> log;  // the decode log and errors; null: stderr
   std::function<void()> on_worker_start;  // first thing on the worker thread (e.g. bind its GPU)
@@ -77,11 +77,14 @@ class Scheduler final : public ServingBackend {
                        std::unique_ptr<Scheduler>* out, LockstepChannel* lockstep = nullptr) {
     std::string const fn = "Scheduler::create: ";
     if (engine == nullptr || out == nullptr) return Status::InvalidArgument(fn + "null argument");
-    if (options.max_queued < 0 || options.decode_log_interval < 0) {
+    if (options.max_queued < 1) {  // every submit waits in the queue first
       return Status::InvalidArgument(fn + "max_queued " + std::to_string(options.max_queued) +
-                                     " and decode_log_interval " +
+                                     " < 1: every request would be refused");
+    }
+    if (options.decode_log_interval < 0) {
+      return Status::InvalidArgument(fn + "decode_log_interval " +
                                      std::to_string(options.decode_log_interval) +
-                                     " must be >= 0");
+                                     " < 0 (0: no decode log)");
     }
     std::unique_ptr<Scheduler> s(new Scheduler(*engine, std::move(options), std::move(info)));
     s->lockstep_ = lockstep;

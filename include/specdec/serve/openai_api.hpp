@@ -9,9 +9,12 @@
 //       status, OpenAI error type, a message naming the field, its value and the allowed range
 //       or the fix, and param = the field's path such as "messages[2].content") and leaves *req
 //       untouched. Unknown fields are ignored; known fields this server cannot honour (echo,
-//       logprobs, best_of > 1, suffix, tools, penalties, ...) are refused with 400 when given a
-//       value other than their default, never dropped. JSON null means "not given" for every
-//       optional field, as in OpenAI's API.
+//       logprobs, best_of > 1, suffix, tools, penalties, vLLM's min_tokens, guided_* and
+//       skip_special_tokens false, ...) are refused with 400 when given a value other than their
+//       default, never dropped; so are /generate's sampling fields outside sampling_params (and
+//       OpenAI's max_tokens inside it), an empty model or rid (it would read as not given), and
+//       numbers past the double range or too small for a float. JSON null means "not given" for
+//       every optional field, as in OpenAI's API.
 //   Request shapes:
 //       prompt (completions)   a string | [token ids] | [one string] | [[token ids]] (one prompt)
 //       messages (chat)        >= 1 {role: system|user|assistant|tool|developer,
@@ -19,6 +22,7 @@
 //       text | input_ids       (generate) exactly one; a string / [token ids], no batches
 //       token ids              integers in [0, 2^31 - 1]; the vocabulary is the server's check
 //       integers               JSON numbers with no fractional part (128 or 128.0, not 2.5)
+//       temperature            0 (greedy) or in [ops::kSampleMinTemperature = 1e-6, 2]
 //   Sampling defaults (SamplingFields): max_tokens = the caller's default_max_tokens (OpenAI) or
 //   128 (SGLang's max_new_tokens), temperature 1, top_p 1, top_k -1 (off), no seed, no stop
 //   strings or ids, ignore_eos false, n 1 (the only value served).
@@ -58,6 +62,8 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/ops/sample/params.hpp"
+
 namespace specdec::serve {
 
 // An HTTP error in OpenAI's shape. param is the path of the offending field ("" when the request
@@ -84,7 +90,7 @@ struct ApiError {
 // The sampling part of a request, every field validated.
 struct SamplingFields {
   int max_tokens = 16;            // >= 1: tokens to generate at most (OpenAI's completions default)
-  float temperature = 1.0f;       // [0, 2]; 0: greedy
+  float temperature = 1.0f;       // 0 (greedy) or [1e-6, 2]
   float top_p = 1.0f;             // (0, 1]; 1: no top-p
   int32_t top_k = -1;             // -1 or 0: no top-k; else >= 1 (kept as given)
   std::optional<uint64_t> seed;   // absent: the server picks one
@@ -305,7 +311,11 @@ inline std::optional<ApiError> read_float(json const& obj, std::string const& pr
   double const d = v->get<double>();
   bool const low_ok = open_low ? d > lo : d >= lo;
   if (!(low_ok && d <= hi)) return out_of_range(path, allowed, *v);
-  *out = static_cast<float>(d);
+  float const f = static_cast<float>(d);
+  if (f == 0.0f && d != 0.0) {  // below the smallest float: it would be read as 0
+    return out_of_range(path, std::string(allowed) + " that a 32-bit float can hold", *v);
+  }
+  *out = f;
   return std::nullopt;
 }
 
@@ -362,9 +372,15 @@ inline std::optional<ApiError> read_stop(json const& obj, std::string const& pre
 // body and in SGLang's sampling_params (`prefix` is "" or "sampling_params").
 inline std::optional<ApiError> read_common_sampling(json const& obj, std::string const& prefix,
                                                     SamplingFields* s) {
-  if (auto e = read_float(obj, prefix, "temperature", 0.0, false, 2.0,
-                          "a number between 0 and 2 (0: greedy)", &s->temperature)) {
+  std::string const kTemperatures =
+      "0 (greedy) or a number between " + float_text(ops::kSampleMinTemperature) + " and 2";
+  if (auto e = read_float(obj, prefix, "temperature", 0.0, false, 2.0, kTemperatures,
+                          &s->temperature)) {
     return e;
+  }
+  if (s->temperature > 0.0f && s->temperature < ops::kSampleMinTemperature) {
+    return out_of_range(path_of(prefix, "temperature"), kTemperatures,
+                        *field(obj, "temperature"));
   }
   if (auto e = read_float(obj, prefix, "top_p", 0.0, true, 1.0,
                           "a number greater than 0 and at most 1 (1: no top-p)", &s->top_p)) {
@@ -401,6 +417,7 @@ inline std::optional<ApiError> read_common_sampling(json const& obj, std::string
 // A known field this server does not implement: fine when absent, null or `is_default`.
 using DefaultTest = bool (*)(json const&);
 inline bool is_false(json const& v) { return v.is_boolean() && !v.get<bool>(); }
+inline bool is_true(json const& v) { return v.is_boolean() && v.get<bool>(); }
 inline bool is_zero(json const& v) { return v.is_number() && v.get<double>() == 0.0; }
 inline bool is_one(json const& v) { return v.is_number() && v.get<double>() == 1.0; }
 inline bool is_empty(json const& v) {
@@ -444,9 +461,34 @@ inline std::optional<ApiError> reject_penalties(json const& obj, std::string con
        {"no_stop_trim", is_false, "leave it out or set it to false"}});
 }
 
-// model: an optional string.
+// vLLM's extensions of OpenAI's two endpoints that this server does not honour.
+inline std::optional<ApiError> reject_vllm_extras(json const& obj) {
+  return reject_unsupported(
+      obj, "",
+      {{"min_tokens", is_zero, "leave it out or set it to 0"},
+       {"use_beam_search", is_false, "leave it out or set it to false"},
+       {"guided_json", is_empty, "leave it out: no constrained decoding"},
+       {"guided_regex", is_empty_string, "leave it out: no constrained decoding"},
+       {"guided_choice", is_empty, "leave it out: no constrained decoding"},
+       {"guided_grammar", is_empty_string, "leave it out: no constrained decoding"},
+       {"skip_special_tokens", is_true,
+        "leave it out or set it to true: the text never holds special tokens"}});
+}
+
+// A string that is absent, null, or not empty (an empty one would read as "not given").
+inline std::optional<ApiError> read_nonempty_string(json const& obj, std::string_view key,
+                                                    std::string_view fix, std::string* out) {
+  json const* v = field(obj, key);
+  if (v != nullptr && v->is_string() && v->get_ref<std::string const&>().empty()) {
+    std::string const path(key);
+    return invalid("'" + path + "' is an empty string: " + std::string(fix), path);
+  }
+  return read_string(obj, "", key, out);
+}
+
+// model: an optional, non-empty string.
 inline std::optional<ApiError> read_model(json const& obj, std::string* model) {
-  return read_string(obj, "", "model", model);
+  return read_nonempty_string(obj, "model", "leave it out or name the served model", model);
 }
 
 // stream (bool) and stream_options {include_usage: bool}, the latter only with stream = true.
@@ -542,6 +584,10 @@ inline std::optional<ApiError> read_messages(json const& obj, std::vector<Messag
         msg.role != "tool" && msg.role != "developer") {
       return out_of_range(at + ".role", "one of system, user, assistant, tool, developer", *role);
     }
+    if (json const* calls = field(m, "tool_calls"); calls != nullptr && !is_empty(*calls)) {
+      return unsupported(at + ".tool_calls", *calls,
+                         "leave it out: this server does not call tools");
+    }
     json const* content = field(m, "content");
     std::string const content_at = at + ".content";
     if (content == nullptr) return missing(content_at, "a string or an array of text parts");
@@ -584,6 +630,8 @@ std::optional<ApiError> with_json_object(std::string_view body, Fn&& fn) {
     try {
       j = json::parse(body.begin(), body.end());
     } catch (json::parse_error const& e) {
+      return invalid("malformed JSON: " + printable(e.what()), "");
+    } catch (json::out_of_range const& e) {  // a number past the double range, such as 1e400
       return invalid("malformed JSON: " + printable(e.what()), "");
     }
     if (!j.is_object()) {
@@ -640,6 +688,7 @@ inline std::optional<ApiError> parse_completions(std::string_view body, int defa
       return e;
     }
     if (auto e = reject_penalties(j, "")) return e;
+    if (auto e = reject_vllm_extras(j)) return e;
     *out = std::move(r);
     return std::nullopt;
   });
@@ -679,10 +728,17 @@ inline std::optional<ApiError> parse_chat_completions(std::string_view body, int
              {"function_call", is_none, "leave it out or set it to \"none\""},
              {"response_format", is_text_format, "leave it out or set it to {\"type\": \"text\"}"},
              {"logprobs", is_false, "leave it out or set it to false"},
-             {"top_logprobs", is_zero, "leave it out"}})) {
+             {"top_logprobs", is_zero, "leave it out"},
+             {"echo", is_false, "leave it out or set it to false"},
+             {"add_generation_prompt", is_true,
+              "leave it out or set it to true: the reply always follows the template's "
+              "assistant prompt"},
+             {"continue_final_message", is_false, "leave it out or set it to false"},
+             {"chat_template_kwargs", is_empty, "leave it out: the chat template is fixed"}})) {
       return e;
     }
     if (auto e = reject_penalties(j, "")) return e;
+    if (auto e = reject_vllm_extras(j)) return e;
     *out = std::move(r);
     return std::nullopt;
   });
@@ -748,15 +804,39 @@ inline std::optional<ApiError> parse_generate(std::string_view body, ParsedReque
                                       {{"min_new_tokens", is_zero, "leave it out or set it to 0"},
                                        {"json_schema", is_empty_string, "leave it out"},
                                        {"regex", is_empty_string, "leave it out"},
-                                       {"ebnf", is_empty_string, "leave it out"}})) {
+                                       {"ebnf", is_empty_string, "leave it out"},
+                                       {"skip_special_tokens", is_true,
+                                        "leave it out or set it to true: the text never holds "
+                                        "special tokens"}})) {
         return e;
+      }
+      for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
+        if (json const* v = field(*sp, key)) {
+          return invalid("'" + path_of(prefix, key) + "' = " + shown(*v) +
+                             " is OpenAI's name: SGLang's sampling_params call it max_new_tokens",
+                         path_of(prefix, key));
+        }
       }
       if (auto e = reject_penalties(*sp, prefix)) return e;
     }
     if (auto e = read_bool(j, "", "stream", &r.stream)) return e;
-    if (json const* rid = field(j, "rid")) {
-      if (!rid->is_string()) return wrong_type("rid", "a string", *rid);
-      r.rid = rid->get<std::string>();
+    std::string rid;
+    if (auto e = read_nonempty_string(j, "rid", "leave it out or give an id", &rid)) return e;
+    if (field(j, "rid") != nullptr) r.rid = std::move(rid);
+    // A sampling parameter at the top level would otherwise be ignored (SGLang reads them from
+    // sampling_params only).
+    for (std::string_view key :
+         {"temperature", "top_p", "top_k", "max_new_tokens", "max_tokens", "stop",
+          "stop_token_ids", "ignore_eos", "n", "seed", "sampling_seed", "min_new_tokens",
+          "json_schema", "regex", "ebnf", "frequency_penalty", "presence_penalty",
+          "repetition_penalty", "min_p", "skip_special_tokens"}) {
+      if (json const* v = field(j, key)) {
+        std::string const name(key);
+        return invalid("'" + name + "' = " + shown(*v) +
+                           " belongs in sampling_params: send {\"sampling_params\": {\"" + name +
+                           "\": ...}}",
+                       name);
+      }
     }
     if (auto e =
             reject_unsupported(j, "",
