@@ -377,6 +377,7 @@ class Server {
       e.param = "model";
       return send_error(res, e);
     }
+    if ((err = serve::check_vocabulary(p, info.vocab_size))) return send_error(res, *err);
     engine::GenerationRequest r;
     if ((err = prompt_ids(p, &r.prompt))) return send_error(res, *err);
     // A default max_tokens is cut to the context the prompt leaves (as vLLM and SGLang do); one

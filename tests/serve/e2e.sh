@@ -283,6 +283,12 @@ expect_status "unknown model" 404
 jcheck "unknown model: an OpenAI error body" "$IS_ERROR"
 pass "unknown model: 404 with an OpenAI error body"
 
+req POST /v1/completions '{"model": "tiny", "prompt": [1, 2, 99999], "max_tokens": 4}'
+expect_status "a prompt id outside the vocabulary" 400
+jcheck "a prompt id outside the vocabulary: an error naming prompt[2]" \
+  "$IS_ERROR and d['error'].get('param') == 'prompt[2]' and 'vocabulary' in d['error']['message']"
+pass "a prompt id outside the vocabulary: 400 naming prompt[2]"
+
 req GET /v1/no-such-endpoint
 expect_status "unknown endpoint" 404
 jcheck "unknown endpoint: an OpenAI error body" "$IS_ERROR"

@@ -644,6 +644,33 @@ TEST_CASE("errors: an empty model or rid, which would read as not given") {
   CHECK_FALSE(accept(Endpoint::kGenerate, R"({"text": "a", "rid": null})").rid.has_value());
 }
 
+TEST_CASE("check_vocabulary names the first id outside the vocabulary by its element") {
+  auto const outside = [](Endpoint ep, std::string const& body, std::string const& param,
+                          std::string const& value) {
+    ParsedRequest const r = accept(ep, body);
+    auto const e = specdec::serve::check_vocabulary(r, 512);
+    REQUIRE(e.has_value());
+    CHECK(e->status == 400);
+    CHECK(e->param == param);
+    CHECK(e->code == "invalid_value");
+    CHECK_MESSAGE(contains(e->message, "'" + param + "' = " + value +
+                                           " is outside the model's vocabulary [0, 512)"),
+                  e->message);
+  };
+  outside(Endpoint::kCompletions, R"({"prompt": [1, 511, 512]})", "prompt[2]", "512");
+  outside(Endpoint::kCompletions, R"({"prompt": [[7, 9000]]})", "prompt[0][1]", "9000");
+  outside(Endpoint::kGenerate, R"({"input_ids": [600]})", "input_ids[0]", "600");
+  outside(Endpoint::kCompletions, R"({"prompt": "x", "stop_token_ids": [3, 512]})",
+          "stop_token_ids[1]", "512");
+  outside(Endpoint::kGenerate, R"({"text": "x", "sampling_params": {"stop_token_ids": [999]}})",
+          "sampling_params.stop_token_ids[0]", "999");
+  // Inside it, and a text prompt (the tokenizer's ids are the model's): no error.
+  CHECK_FALSE(specdec::serve::check_vocabulary(
+      accept(Endpoint::kCompletions, R"({"prompt": [0, 511], "stop_token_ids": [511]})"), 512));
+  CHECK_FALSE(specdec::serve::check_vocabulary(accept(Endpoint::kGenerate, R"({"text": "x"})"),
+                                               512));
+}
+
 TEST_CASE("errors: a server default below 1 is a server bug (500)") {
   ParsedRequest r;
   auto e = specdec::serve::parse_completions(R"({"prompt": "x"})", 0, &r);

@@ -27,6 +27,9 @@
 //   128 (SGLang's max_new_tokens), temperature 1, top_p 1, top_k -1 (off), no seed, no stop
 //   strings or ids, ignore_eos false, n 1 (the only value served).
 //
+//   check_vocabulary(req, vocab_size)   the ids a parsed request gave (prompt, stop_token_ids)
+//                                        outside [0, vocab_size): a 400 naming the element
+//
 //   usage_json, completion_response, completion_chunk, chat_response, chat_chunk, usage_chunk,
 //   models_response   OpenAI's response objects, field for field (see each builder)
 //   sse_data(json)    "data: <compact JSON>\n\n";  sse_done()  "data: [DONE]\n\n"
@@ -125,6 +128,7 @@ struct ParsedRequest {
   std::string model;                               // "" when not given (always for /generate)
   std::optional<std::string> prompt_text;          // completions / generate: a non-empty text,
   std::optional<std::vector<int32_t>> prompt_ids;  // or >= 1 token ids (exactly one is set)
+  std::string prompt_ids_path;  // where the ids were: "prompt", "prompt[0]" or "input_ids"
   std::vector<Message> messages;                   // chat: >= 1
   SamplingFields sampling;
   bool stream = false;
@@ -544,6 +548,7 @@ inline std::optional<ApiError> read_completions_prompt(json const& v, ParsedRequ
     std::vector<int32_t> ids;
     if (auto e = read_ids(v, "prompt", false, &ids)) return e;
     r->prompt_ids = std::move(ids);
+    r->prompt_ids_path = "prompt";
     return std::nullopt;
   }
   if (!first.is_string() && !first.is_array()) {
@@ -559,6 +564,7 @@ inline std::optional<ApiError> read_completions_prompt(json const& v, ParsedRequ
   std::vector<int32_t> ids;
   if (auto e = read_ids(first, "prompt[0]", false, &ids)) return e;
   r->prompt_ids = std::move(ids);
+  r->prompt_ids_path = "prompt[0]";
   return std::nullopt;
 }
 
@@ -779,6 +785,7 @@ inline std::optional<ApiError> parse_generate(std::string_view body, ParsedReque
       std::vector<int32_t> prompt;
       if (auto e = read_ids(*ids, "input_ids", false, &prompt)) return e;
       r.prompt_ids = std::move(prompt);
+      r.prompt_ids_path = "input_ids";
     }
     r.sampling.max_tokens = 128;
     if (json const* sp = field(j, "sampling_params")) {
@@ -849,6 +856,33 @@ inline std::optional<ApiError> parse_generate(std::string_view body, ParsedReque
     *out = std::move(r);
     return std::nullopt;
   });
+}
+
+// The token ids the request gave (its prompt ids and stop_token_ids) against a vocabulary of
+// `vocab_size` ids: the first outside [0, vocab_size) as a 400 naming its element
+// ("input_ids[3]"), which the engine's own refusal could not.
+inline std::optional<ApiError> check_vocabulary(ParsedRequest const& r, int64_t vocab_size) {
+  auto const check = [&](std::vector<int32_t> const& ids,
+                         std::string const& path) -> std::optional<ApiError> {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= vocab_size) {
+        std::string const at = detail::indexed(path, i);
+        ApiError e = detail::invalid("'" + at + "' = " + std::to_string(ids[i]) +
+                                         " is outside the model's vocabulary [0, " +
+                                         std::to_string(vocab_size) + ")",
+                                     at);
+        e.code = "invalid_value";
+        return e;
+      }
+    }
+    return std::nullopt;
+  };
+  if (r.prompt_ids) {
+    if (auto e = check(*r.prompt_ids, r.prompt_ids_path)) return e;
+  }
+  return check(r.sampling.stop_token_ids,
+               r.endpoint == Endpoint::kGenerate ? "sampling_params.stop_token_ids"
+                                                 : "stop_token_ids");
 }
 
 // ---- Responses -------------------------------------------------------------------------------
