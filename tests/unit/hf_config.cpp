@@ -232,6 +232,7 @@ TEST_CASE("hf_config: flat Kimi-K2 / DeepSeek-V3 configs") {
   s = parse(j, &c);
   REQUIRE_MESSAGE(s.ok(), s.to_string());
   CHECK(c.moe_layer_freq == 1);
+  CHECK(c.num_nextn_predict_layers == 0);
   CHECK(c.topk_method == specdec::io::TopkMethod::kNoauxTc);
   CHECK(c.scoring_func == specdec::io::ScoringFunc::kSigmoid);
   CHECK(c.hidden_act == "silu");
@@ -475,6 +476,7 @@ TEST_CASE("hf_config: values that cannot work name the field and the value") {
   bad("first_k_dense_replace", 62,
       "'text_config.first_k_dense_replace' = 62: more than num_hidden_layers 61");
   bad("moe_layer_freq", 0, "'text_config.moe_layer_freq' = 0");
+  bad("num_nextn_predict_layers", -1, "'text_config.num_nextn_predict_layers' = -1");
   bad("scoring_func", "softplus", "'text_config.scoring_func' = \"softplus\": unknown");
   bad("topk_method", "aux_tc", "'text_config.topk_method' = \"aux_tc\": unknown");
   bad("routed_scaling_factor", 0.0, "'text_config.routed_scaling_factor' = 0.0: must be > 0");

@@ -439,14 +439,20 @@ TEST_CASE("kimi_weights: loader errors name the tensor and both sides") {
     auto add = [](std::vector<Owned>& ts, std::string name) {
       ts.push_back({std::move(name), Dtype::kBF16, {2}, std::vector<std::byte>(4)});
     };
-    Status ok = run([&](std::vector<Owned>& ts) {
-      add(ts, "vision_tower.blocks.0.weight");
-      add(ts, "mm_projector.proj.weight");
-      add(ts, "multi_modal_projector.linear.weight");
-      add(ts, "model.layers.0.self_attn.rotary_emb.inv_freq");
-      add(ts, "model.layers.4.eh_proj.weight");  // MTP layer (index 4 of 4 layers)
-    });
+    Status ok = run(
+        [&](std::vector<Owned>& ts) {
+          add(ts, "vision_tower.blocks.0.weight");
+          add(ts, "mm_projector.proj.weight");
+          add(ts, "multi_modal_projector.linear.weight");
+          add(ts, "model.layers.0.self_attn.rotary_emb.inv_freq");
+          add(ts, "model.layers.4.eh_proj.weight");  // MTP layer (index 4 of 4 layers)
+        },
+        [](json& j) { j["num_nextn_predict_layers"] = 1; });
     CHECK_MESSAGE(ok.ok(), ok.to_string());
+    // Without num_nextn_predict_layers a layer past the config's is unknown.
+    Status mtp = run([&](std::vector<Owned>& ts) { add(ts, "model.layers.4.eh_proj.weight"); });
+    check_error(mtp, StatusCode::kMalformedInput,
+                {"1 tensor(s)", "\"model.layers.4.eh_proj.weight\""});
     Status s = run([&](std::vector<Owned>& ts) {
       add(ts, "model.layers.1.mlp.experts.8.up_proj.weight");
       add(ts, "model.layers.x.foo");
@@ -454,6 +460,11 @@ TEST_CASE("kimi_weights: loader errors name the tensor and both sides") {
     check_error(s, StatusCode::kMalformedInput,
                 {"2 tensor(s)", "\"model.layers.1.mlp.experts.8.up_proj.weight\"",
                  "\"model.layers.x.foo\"", "config.json"});
+  }
+  SUBCASE("config / checkpoint mismatch: 2 layers in config, 4 in the tensors") {
+    Status s = run([](auto&) {}, [](json& j) { j["num_hidden_layers"] = 2; });
+    check_error(s, StatusCode::kMalformedInput,
+                {"tensor(s) that the DeepseekV3 schema", "\"model.layers.2.", "and "});
   }
   SUBCASE("config / checkpoint mismatch: hidden_size 64 in config, 128 in the tensors") {
     Status s = run([](auto&) {}, [](json& j) { j["hidden_size"] = 64; });

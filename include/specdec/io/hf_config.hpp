@@ -92,6 +92,9 @@ struct DeepseekV3Config {
   int intermediate_size = 0;      // dense MLP (layers < first_k_dense_replace)
   int first_k_dense_replace = 0;  // in [0, num_hidden_layers]
   int moe_layer_freq = 1;         // default 1 (configuration_deepseek.py; transformers: always 1)
+  // Multi-token-prediction layers the checkpoint holds after the last one (DeepSeek-V3: 1, its
+  // layers.61.*), which the causal LM does not run; default 0.
+  int num_nextn_predict_layers = 0;
   int n_group = 0;
   int topk_group = 0;
   TopkMethod topk_method = TopkMethod::kNoauxTc;  // default "noaux_tc" (configuration_deepseek.py)
@@ -356,6 +359,11 @@ inline Status parse_text_config(ConfigReader const& cr, DeepseekV3Config* c) {
   c->moe_layer_freq = 1;
   if (t.has("moe_layer_freq")) {
     SPECDEC_RETURN_IF_ERROR(t.get_int32("moe_layer_freq", 1, &c->moe_layer_freq));
+  }
+  c->num_nextn_predict_layers = 0;
+  if (t.has("num_nextn_predict_layers")) {
+    SPECDEC_RETURN_IF_ERROR(
+        t.get_int32("num_nextn_predict_layers", 0, &c->num_nextn_predict_layers));
   }
   SPECDEC_RETURN_IF_ERROR(t.get_int32("n_group", 1, &c->n_group));
   SPECDEC_RETURN_IF_ERROR(t.get_int32("topk_group", 1, &c->topk_group));

@@ -36,8 +36,10 @@
 // Checkpoint tensors the schema does not name are an error listing them, except these documented
 // skips: vision_tower.*, mm_projector.*, multi_modal_projector.* (Kimi-K2.5's vision side, not run
 // here), names ending in "rotary_emb.inv_freq" (a buffer some exporters save; recomputed from the
-// config), and P "layers.N.*" with N >= num_hidden_layers (DeepSeek-V3's multi-token-prediction
-// layer, e.g. layer 61 of 61, which the causal LM does not run).
+// config), and P "layers.N.*" with num_hidden_layers <= N < num_hidden_layers +
+// num_nextn_predict_layers (DeepSeek-V3's multi-token-prediction layer, e.g. layer 61 of 61,
+// which the causal LM does not run). A layer past those is unknown: a config.json with fewer
+// layers than the checkpoint is an error, never a shorter model.
 #pragma once
 
 #include <cstdint>
@@ -314,7 +316,10 @@ inline bool is_skipped_tensor(DeepseekV3Config const& c, std::string_view name) 
       if (ch < '0' || ch > '9') return false;
       n = n * 10 + (ch - '0');
     }
-    return n >= c.num_hidden_layers;  // DeepSeek-V3's MTP layer(s)
+    // DeepSeek-V3's MTP layer(s); any other layer past the config's is unknown (a config with
+    // fewer layers than the checkpoint must not load as a shorter model).
+    return n >= c.num_hidden_layers &&
+           n < int64_t{c.num_hidden_layers} + c.num_nextn_predict_layers;
   }
   return false;
 }
