@@ -180,6 +180,13 @@ TEST_CASE("hf_config: Kimi-K2.5 from a checkpoint directory") {
   auto const bad = specdec::io::load_config(dir, &c);
   CHECK(bad.code() == StatusCode::kMalformedInput);
   CHECK(bad.message().find("config.json: not valid JSON") != std::string::npos);
+  // A key given twice (nlohmann would keep the last) names the key.
+  { std::ofstream(dir / "config.json") << R"({"vocab_size": 999999, "vocab_size": 512})"; }
+  auto const twice = specdec::io::load_config(dir, &c);
+  CHECK(twice.code() == StatusCode::kMalformedInput);
+  CHECK_MESSAGE(twice.message().find("config.json: duplicate key \"vocab_size\" at the top "
+                                     "level") != std::string::npos,
+                twice.message());
 }
 
 TEST_CASE("hf_config: is_int4_module applies the ignore list in both scopes") {

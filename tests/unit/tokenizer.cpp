@@ -537,6 +537,10 @@ TEST_CASE("tokenizer: tokenizer_config.json and special-token errors") {
   check_error(load_config("{\"added_tokens_decoder\": "), StatusCode::kMalformedInput,
               {"tokenizer_config.json", "not valid JSON"});
   check_error(load_config("[]"), StatusCode::kMalformedInput, {"not a JSON object"});
+  check_error(load_config(R"({"added_tokens_decoder": {"300": {"content": "<|a|>"},
+                                                       "300": {"content": "<|b|>"}}})"),
+              StatusCode::kMalformedInput,
+              {"tokenizer_config.json: duplicate key \"300\" in a nested object"});
   check_error(load_config(R"({"added_tokens_decoder": []})"), StatusCode::kMalformedInput,
               {"\"added_tokens_decoder\" must be an object"});
   check_error(load_config(R"({"added_tokens_decoder": {"x1": {"content": "<a>"}}})"),

@@ -36,6 +36,7 @@
 
 #include "specdec/core/status.hpp"
 #include "specdec/io/compressed_tensors.hpp"
+#include "specdec/io/json_text.hpp"
 
 namespace specdec::io {
 
@@ -468,13 +469,10 @@ inline Status parse_text_config(ConfigReader const& cr, DeepseekV3Config* c) {
   return Status::Ok();
 }
 
-// `json_text` parsed into *out, which must be an object; errors name `source`.
+// `json_text` parsed into *out, which must be an object with no key repeated; errors name
+// `source`.
 inline Status parse_json_object(std::string_view json_text, std::string_view source, Json* out) {
-  try {
-    *out = Json::parse(json_text.begin(), json_text.end());
-  } catch (Json::parse_error const& e) {
-    return Status::MalformedInput(std::string(source) + ": not valid JSON: " + e.what());
-  }
+  SPECDEC_RETURN_IF_ERROR(parse_json_no_duplicates(json_text, std::string(source), out));
   if (!out->is_object()) {
     return Status::MalformedInput(std::string(source) + ": top level must be an object, got " +
                                   json_type_name(*out));

@@ -45,6 +45,7 @@
 #include "specdec/core/dtype.hpp"
 #include "specdec/core/status.hpp"
 #include "specdec/io/atomic_file.hpp"
+#include "specdec/io/json_text.hpp"
 #include "specdec/io/mapped_file.hpp"
 
 namespace specdec::io {
@@ -107,47 +108,6 @@ inline Status tensor_error(std::string_view label, std::string_view tensor, std:
 }
 
 inline char const* json_type(nlohmann::json const& j) { return j.type_name(); }
-
-// Parses JSON text into *out, rejecting a key repeated within one object at any depth (nlohmann
-// keeps the last silently). `what` names the document in errors ("<file>: safetensors header").
-inline Status parse_json_no_duplicates(std::string_view text, std::string const& what,
-                                       nlohmann::json* out) {
-  std::vector<std::set<std::string, std::less<>>> open_objects;
-  std::string duplicate;
-  int duplicate_depth = 0;
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event,
-                      nlohmann::json& parsed) -> bool {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::object_start) {
-      open_objects.emplace_back();
-    } else if (event == E::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (event == E::key && !open_objects.empty() && parsed.is_string()) {
-      std::string const& k = parsed.get_ref<std::string const&>();
-      if (!open_objects.back().insert(k).second && duplicate.empty()) {
-        duplicate = k;
-        duplicate_depth = depth;
-      }
-    }
-    return true;
-  };
-  try {
-    *out = nlohmann::json::parse(text.begin(), text.end(), callback);
-  } catch (nlohmann::json::exception const& e) {
-    return Status::MalformedInput(what + ": not valid JSON: " + e.what());
-  } catch (std::exception const& e) {
-    return Status::MalformedInput(what + ": cannot parse: " + e.what());
-  }
-  if (!duplicate.empty()) {
-    if (duplicate_depth == 1) {
-      return Status::MalformedInput(what + ": duplicate key \"" + duplicate +
-                                    "\" at the top level");
-    }
-    return Status::MalformedInput(what + ": duplicate key \"" + duplicate +
-                                  "\" in a nested object");
-  }
-  return Status::Ok();
-}
 
 // a * b into *out; false on overflow of uint64.
 inline bool mul_checked(uint64_t a, uint64_t b, uint64_t* out) {
@@ -265,7 +225,7 @@ inline Status parse_safetensors(std::span<std::byte const> file, std::string_vie
                               static_cast<size_t>(n));
   nlohmann::json j;
   SPECDEC_RETURN_IF_ERROR(
-      detail::parse_json_no_duplicates(text, std::string(label) + ": safetensors header", &j));
+      parse_json_no_duplicates(text, std::string(label) + ": safetensors header", &j));
   if (!j.is_object()) {
     return detail::header_error(label,
                                 std::string("is a JSON ") + j.type_name() + ", expected an object");
@@ -472,7 +432,7 @@ class SafetensorsCheckpoint {
     SPECDEC_RETURN_IF_ERROR(MappedFile::open(index_path, &m));
     std::string_view const text(reinterpret_cast<char const*>(m.bytes().data()), m.size());
     nlohmann::json j;
-    SPECDEC_RETURN_IF_ERROR(detail::parse_json_no_duplicates(text, index_path, &j));
+    SPECDEC_RETURN_IF_ERROR(parse_json_no_duplicates(text, index_path, &j));
     if (!j.is_object()) {
       return Status::MalformedInput(index_path + ": is a JSON " + std::string(j.type_name()) +
                                     ", expected an object");

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "specdec/core/status.hpp"
+#include "specdec/io/json_text.hpp"
 #include "specdec/io/tokenizer_files.hpp"
 #include "specdec/io/tokenizer_pattern.hpp"
 
@@ -486,11 +487,7 @@ inline Status parse_tokenizer_config(std::string_view text, std::string const& f
                                      std::optional<std::string>* pat_str) {
   using nlohmann::json;
   json j;
-  try {
-    j = json::parse(text);
-  } catch (std::exception const& e) {
-    return Status::MalformedInput(file + ": not valid JSON: " + e.what());
-  }
+  SPECDEC_RETURN_IF_ERROR(parse_json_no_duplicates(text, file, &j));
   if (!j.is_object()) return Status::MalformedInput(file + ": not a JSON object");
   specials->clear();
   pat_str->reset();
