@@ -873,7 +873,21 @@ TEST_CASE("eagle3_draft: config errors") {
       [](nlohmann::json& j) {
         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
       },
-      StatusCode::kUnsupported, {"field 'rope_scaling'", "linear"});
+      StatusCode::kUnsupported, {"field 'rope_scaling.type'", "linear"});
+  with(
+      [](nlohmann::json& j) {
+        j["rope_scaling"] = {{"type", "yarn"}, {"factor", 8.0}, {"beta_fast", 32.0},
+                             {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
+                             {"original_max_position_embeddings", 64}};
+      },
+      StatusCode::kUnsupported, {"field 'rope_scaling'", "unscaled NeoX rope only"});
+  // rope_theta beside transformers v5's rope_parameters: the two must agree.
+  with(
+      [](nlohmann::json& j) {
+        j["rope_parameters"] = {{"rope_type", "default"},
+                                {"rope_theta", j["rope_theta"].get<double>() + 1.0}};
+      },
+      StatusCode::kInvalidArgument, {"rope_parameters.rope_theta", "disagree"});
   with([](nlohmann::json& j) { j["vocab_size"] = 1000; }, StatusCode::kInvalidArgument,
        {"vocab_size 1000 != the target's vocab_size 512"});
   with([](nlohmann::json& j) { j["target_hidden_size"] = 256; }, StatusCode::kInvalidArgument,

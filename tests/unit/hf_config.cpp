@@ -283,6 +283,30 @@ TEST_CASE("hf_config: flat Kimi-K2 / DeepSeek-V3 configs") {
   REQUIRE(parse(v5, &c).ok());
   CHECK(c.rope_theta == 10000.0);
   CHECK_FALSE(c.rope_scaling.has_value());
+
+  // Both forms in one config: read when they agree, an error naming both when not.
+  json both = flat_k2();
+  both["rope_parameters"] = both["rope_scaling"];
+  both["rope_parameters"]["rope_theta"] = both["rope_theta"];
+  s = parse(both, &c);
+  REQUIRE_MESSAGE(s.ok(), s.to_string());
+  CHECK(c.rope_scaling->factor == 32.0);
+  json theta = both;
+  theta["rope_parameters"]["rope_theta"] = 1234.0;
+  s = parse(theta, &c);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_MESSAGE(s.message().find("rope_theta' = 50000.0 and") != std::string::npos, s.message());
+  CHECK_MESSAGE(s.message().find("rope_parameters.rope_theta' = 1234.0 disagree") !=
+                    std::string::npos,
+                s.message());
+  json scaling = both;
+  scaling["rope_parameters"]["factor"] = 8.0;
+  s = parse(scaling, &c);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_MESSAGE(s.message().find("rope_scaling' and") != std::string::npos, s.message());
+  CHECK_MESSAGE(s.message().find("rope_parameters' disagree") != std::string::npos, s.message());
+  scaling["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 50000.0}};
+  CHECK(parse(scaling, &c).code() == StatusCode::kInvalidArgument);  // YaRN against none
 }
 
 TEST_CASE("hf_config: YaRN cos/sin scale follows transformers") {

@@ -227,27 +227,9 @@ inline Status parse_yarn(FieldReader const& s, YarnScaling* y) {
   return Status::Ok();
 }
 
-// rope_theta and rope_scaling, from the classic keys or transformers v5's rope_parameters.
-inline Status parse_rope(FieldReader const& t, DeepseekV3Config* c) {
-  FieldReader params{t.source, t.prefix, nullptr};
-  bool const has_params = !t.absent_or_null("rope_parameters");
-  if (has_params) SPECDEC_RETURN_IF_ERROR(t.get_object("rope_parameters", &params));
-  if (t.has("rope_theta") || !has_params) {
-    SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", &c->rope_theta));
-    SPECDEC_RETURN_IF_ERROR(check_positive(t, "rope_theta", c->rope_theta));
-  } else {
-    SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", &c->rope_theta));
-    SPECDEC_RETURN_IF_ERROR(check_positive(params, "rope_theta", c->rope_theta));
-  }
-  FieldReader s{t.source, t.prefix, nullptr};
-  if (!t.absent_or_null("rope_scaling")) {
-    SPECDEC_RETURN_IF_ERROR(t.get_object("rope_scaling", &s));
-  } else if (has_params) {
-    s = params;
-  } else {
-    c->rope_scaling.reset();
-    return Status::Ok();
-  }
+// The rope scaling object `s` (rope_scaling, or rope_parameters when `is_params`): YaRN into *out,
+// none for rope_parameters of type "default"; any other type is unsupported.
+inline Status parse_scaling(FieldReader const& s, bool is_params, std::optional<YarnScaling>* out) {
   std::string type;
   char const* type_key = s.has("type") ? "type" : "rope_type";
   SPECDEC_RETURN_IF_ERROR(s.get_string(type_key, &type));
@@ -256,8 +238,8 @@ inline Status parse_rope(FieldReader const& t, DeepseekV3Config* c) {
                                    s.field("rope_type") + " = " + s.find("rope_type")->dump() +
                                    " disagree");
   }
-  if (type == "default" && s.obj == params.obj) {  // rope_parameters without scaling
-    c->rope_scaling.reset();
+  if (type == "default" && is_params) {  // rope_parameters without scaling
+    out->reset();
     return Status::Ok();
   }
   if (type != "yarn") {
@@ -266,7 +248,58 @@ inline Status parse_rope(FieldReader const& t, DeepseekV3Config* c) {
   }
   YarnScaling y;
   SPECDEC_RETURN_IF_ERROR(parse_yarn(s, &y));
-  c->rope_scaling = y;
+  *out = y;
+  return Status::Ok();
+}
+
+inline bool same_scaling(std::optional<YarnScaling> const& a, std::optional<YarnScaling> const& b) {
+  if (a.has_value() != b.has_value()) return false;
+  return !a || (a->factor == b->factor && a->beta_fast == b->beta_fast &&
+                a->beta_slow == b->beta_slow && a->mscale == b->mscale &&
+                a->mscale_all_dim == b->mscale_all_dim &&
+                a->original_max_position_embeddings == b->original_max_position_embeddings);
+}
+
+// rope_theta and rope_scaling, from the classic keys or transformers v5's rope_parameters; where
+// a config gives both forms they must agree (neither is ignored).
+inline Status parse_rope(FieldReader const& t, DeepseekV3Config* c) {
+  FieldReader params{t.source, t.prefix, nullptr};
+  bool const has_params = !t.absent_or_null("rope_parameters");
+  if (has_params) SPECDEC_RETURN_IF_ERROR(t.get_object("rope_parameters", &params));
+  if (t.has("rope_theta") || !has_params) {
+    SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", &c->rope_theta));
+    SPECDEC_RETURN_IF_ERROR(check_positive(t, "rope_theta", c->rope_theta));
+  }
+  if (has_params && params.has("rope_theta")) {
+    double theta = 0.0;
+    SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", &theta));
+    SPECDEC_RETURN_IF_ERROR(check_positive(params, "rope_theta", theta));
+    if (t.has("rope_theta") && theta != c->rope_theta) {
+      return Status::InvalidArgument(t.where("rope_theta") + " = " + t.find("rope_theta")->dump() +
+                                     " and " + params.field("rope_theta") + " = " +
+                                     params.find("rope_theta")->dump() + " disagree");
+    }
+    c->rope_theta = theta;
+  } else if (!t.has("rope_theta")) {
+    SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", &c->rope_theta));  // names it missing
+  }
+  bool const has_scaling = !t.absent_or_null("rope_scaling");
+  if (has_scaling) {
+    FieldReader s{t.source, t.prefix, nullptr};
+    SPECDEC_RETURN_IF_ERROR(t.get_object("rope_scaling", &s));
+    SPECDEC_RETURN_IF_ERROR(parse_scaling(s, false, &c->rope_scaling));
+  }
+  if (!has_params) {
+    if (!has_scaling) c->rope_scaling.reset();
+    return Status::Ok();
+  }
+  std::optional<YarnScaling> from_params;
+  SPECDEC_RETURN_IF_ERROR(parse_scaling(params, true, &from_params));
+  if (has_scaling && !same_scaling(c->rope_scaling, from_params)) {
+    return Status::InvalidArgument(t.where("rope_scaling") + " and " + t.field("rope_parameters") +
+                                   " disagree: give one of them, or the same scaling in both");
+  }
+  c->rope_scaling = from_params;
   return Status::Ok();
 }
 

@@ -235,29 +235,16 @@ inline Status parse_llama_fields(FieldReader const& t, DraftConfig* c) {
   SPECDEC_RETURN_IF_ERROR(t.get_double("rms_norm_eps", &c->rms_norm_eps));
   if (!(c->rms_norm_eps > 0.0))
     return t.bad_value("rms_norm_eps", j["rms_norm_eps"], "must be > 0");
-  if (t.has("rope_theta") || t.absent_or_null("rope_parameters")) {
-    SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", &c->rope_theta));
-    if (!(c->rope_theta > 0.0)) return t.bad_value("rope_theta", j["rope_theta"], "must be > 0");
-  } else {
-    FieldReader p{t.source, "", nullptr};
-    SPECDEC_RETURN_IF_ERROR(t.get_object("rope_parameters", &p));
-    if (p.has("rope_type")) {
-      std::string type;
-      SPECDEC_RETURN_IF_ERROR(p.get_string("rope_type", &type));
-      if (type != "default") {
-        return p.unsupported("rope_type", *p.find("rope_type"),
-                             "only unscaled rope (\"default\") is supported for the draft");
-      }
-    }
-    SPECDEC_RETURN_IF_ERROR(p.get_double("rope_theta", &c->rope_theta));
-    if (!(c->rope_theta > 0.0))
-      return p.bad_value("rope_theta", *p.find("rope_theta"), "must be > 0");
+  // The target's reading of rope_theta / rope_scaling / rope_parameters (both forms, which must
+  // agree); the draft runs unscaled NeoX rope only.
+  io::DeepseekV3Config rope;
+  SPECDEC_RETURN_IF_ERROR(io::detail::parse_rope(t, &rope));
+  if (rope.rope_scaling) {
+    char const* key = t.absent_or_null("rope_scaling") ? "rope_parameters" : "rope_scaling";
+    return t.unsupported(key, j[key],
+                         "the draft runs unscaled NeoX rope only: no YaRN scaling");
   }
-  if (!t.absent_or_null("rope_scaling")) {
-    return t.unsupported("rope_scaling", j["rope_scaling"],
-                         "the draft runs unscaled NeoX rope only; rope_scaling must be absent or "
-                         "null");
-  }
+  c->rope_theta = rope.rope_theta;
   SPECDEC_RETURN_IF_ERROR(t.get_int("max_position_embeddings", &c->max_position_embeddings));
   if (c->max_position_embeddings <= 0) {
     return t.bad_value("max_position_embeddings", j["max_position_embeddings"], "must be > 0");
