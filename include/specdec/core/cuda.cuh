@@ -42,11 +42,14 @@ inline Status cuda_launch_status(const char* kernel_name) {
 // of every kernel launched through it: call await_prior_kernels() at the top, unconditionally
 // (no early return before it), and before its first read of anything an earlier kernel wrote and
 // its first global write (an earlier kernel may still read what it would overwrite); only reads
-// of memory no kernel of the stream writes (weights) may precede it. The wait returns when the
-// previous kernel has completed and its writes are visible, so the order of kernels on a stream
-// stays what it was; a kernel launched without the attribute (cuBLAS, NCCL, <<<>>>) is waited for
-// as always. The process-wide switch (on by default; set_programmatic_launch(false) for A/B
-// timings) is read at launch: a captured graph keeps what it was captured with.
+// of memory no kernel of the stream writes (weights) may precede it, and, in an op's second or
+// later kernel, reads of the op's inputs (every block of the op's first kernel passed its wait,
+// so the kernels that wrote the inputs were complete, before a later kernel of the op could
+// start). The wait returns when the previous kernel has completed and its writes are visible,
+// so the order of kernels on a stream stays what it was; a kernel launched without the
+// attribute (cuBLAS, NCCL, <<<>>>) is waited for as always. The process-wide switch (on by
+// default; set_programmatic_launch(false) for A/B timings) is read at launch: a captured graph
+// keeps what it was captured with.
 inline std::atomic<bool>& programmatic_launch_flag() {
   static std::atomic<bool> on{true};
   return on;

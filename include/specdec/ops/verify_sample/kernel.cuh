@@ -2,9 +2,11 @@
 // sample_row_thresholds_kernel (sample/kernel.cuh) reduce every logit row [B, N] across the whole
 // GPU into chunk partials and, for requests with top-k / top-p, the row's threshold key. Then one
 // block of kSampleThreads per request:
-//   1. stages the request's tree (tokens, first_child, next_sibling) in shared memory;
-//   2. in parallel: one warp per row turns its chunk partials into the row's TargetDist and mass,
-//      and one thread per node loads the logit of each child's token in the node's row;
+//   1. stages the request's tree (tokens, first_child, next_sibling) in shared memory, and one
+//      thread per node loads the logit of each child's token in the node's row: the op's inputs,
+//      read before the programmatic wait (core/cuda.cuh), behind the partials kernel's tail;
+//   2. after the wait, one warp per row turns its chunk partials into the row's TargetDist and
+//      mass;
 //   3. walks the tree of verify_sample/params.hpp from shared memory: O(1) per child (plus, for
 //      sampled drafts, one residual-mass pass per rejected child), then one inverse-CDF draw
 //      (one chunk scanned).
@@ -73,7 +75,6 @@ template <int kThreads>
 __global__ void __launch_bounds__(kThreads, 1)
     verify_sample_kernel(__grid_constant__ VerifySampleParams const p) {
   static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
-  await_prior_kernels();
   using verify_sample_detail::kNotLoaded;
   __shared__ SampleShared sh;
   extern __shared__ uint64_t node_memory[];
@@ -88,9 +89,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t status = p.links.tree_status[b] != kTreeOk ? kSampleBadTree : kSampleOk;
   if (count < 1 || count > N) status = kSampleBadTree;
   if (status == kSampleOk) status = sample_config_error(temperature, p.config.top_p_of(b));
+  int64_t const row0 = static_cast<int64_t>(b) * N;
   if (status == kSampleOk) {
-    // 1. The tree into shared memory.
-    int64_t const row0 = static_cast<int64_t>(b) * N;
+    // 1a. The tree into shared memory.
     for (int i = threadIdx.x; i < count; i += kThreads) {
       a.token[i] = p.tree.tokens[row0 + i];
       a.first_child[i] = p.links.first_child[row0 + i];
@@ -98,19 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       a.child_logit[i] = kNotLoaded;
     }
     __syncthreads();
-    // 2. Row distributions (one warp per row) and the children's logits (one thread per node).
-    for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
-      TargetDist d;
-      float mass;
-      uint32_t const min_key = sample_detail::row_min_key(p.config, b, V, min_keys, row0 + n);
-      int32_t const e = sample_detail::warp_dist_from_partials(
-          partials + (row0 + n) * chunks, chunks, temperature, min_key, d, mass);
-      if ((threadIdx.x & 31) == 0) {
-        a.row_dist[n] = d;
-        a.row_mass[n] = mass;
-        a.row_error[n] = e;
-      }
-    }
+    // 1b. The children's logits (one thread per node).
     for (int n = threadIdx.x; n < count; n += kThreads) {
       float const* row = p.logits + (row0 + n) * V;
       // Links only move forward (verify_sample_link_ok), so the list ends within N steps. A node
@@ -121,6 +110,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (x >= 0 && x < V) {
           a.child_logit[c] = (static_cast<uint64_t>(n) << 32) | __float_as_uint(__ldg(row + x));
         }
+      }
+    }
+  }
+  // Everything above reads the op's inputs, which the kernels before verify_sample_cuda's first
+  // launch wrote: that kernel's blocks passed their own wait before this grid could launch, so
+  // the inputs are complete here. Only the workspace (partials, thresholds) needs the wait.
+  await_prior_kernels();
+  if (status == kSampleOk) {
+    // 2. Row distributions (one warp per row).
+    for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
+      TargetDist d;
+      float mass;
+      uint32_t const min_key = sample_detail::row_min_key(p.config, b, V, min_keys, row0 + n);
+      int32_t const e = sample_detail::warp_dist_from_partials(
+          partials + (row0 + n) * chunks, chunks, temperature, min_key, d, mass);
+      if ((threadIdx.x & 31) == 0) {
+        a.row_dist[n] = d;
+        a.row_mass[n] = mass;
+        a.row_error[n] = e;
       }
     }
     __syncthreads();
