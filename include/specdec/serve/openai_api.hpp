@@ -376,14 +376,14 @@ inline std::optional<ApiError> read_stop(json const& obj, std::string const& pre
 // body and in SGLang's sampling_params (`prefix` is "" or "sampling_params").
 inline std::optional<ApiError> read_common_sampling(json const& obj, std::string const& prefix,
                                                     SamplingFields* s) {
-  std::string const kTemperatures =
+  std::string const temperatures =
       "0 (greedy) or a number between " + float_text(ops::kSampleMinTemperature) + " and 2";
-  if (auto e = read_float(obj, prefix, "temperature", 0.0, false, 2.0, kTemperatures,
+  if (auto e = read_float(obj, prefix, "temperature", 0.0, false, 2.0, temperatures,
                           &s->temperature)) {
     return e;
   }
   if (s->temperature > 0.0f && s->temperature < ops::kSampleMinTemperature) {
-    return out_of_range(path_of(prefix, "temperature"), kTemperatures,
+    return out_of_range(path_of(prefix, "temperature"), temperatures,
                         *field(obj, "temperature"));
   }
   if (auto e = read_float(obj, prefix, "top_p", 0.0, true, 1.0,
