@@ -813,10 +813,24 @@ TEST_CASE("eagle3_draft: a draft that does not fit the policy") {
   }
   SUBCASE("EagleLlamaForCausalLM is EAGLE-1/2 too") {
     Setup s;
-    s.edit_config([](nlohmann::json& j) { j["architectures"] = {"EagleLlamaForCausalLM"}; });
+    s.edit_config([](nlohmann::json& j) {
+      j["architectures"] = {"EagleLlamaForCausalLM"};
+      for (char const* k : {"draft_vocab_size", "target_hidden_size", "eagle_config"}) j.erase(k);
+    });
     eagle::DraftCpuModel m;
     check_error(s.load(&m), StatusCode::kInvalidArgument,
                 {"this checkpoint is an EAGLE draft", "use --speculative-algorithm EAGLE:"});
+  }
+  SUBCASE("an EAGLE-1/2 architecture with EAGLE-3 fields that say otherwise") {
+    Setup s;
+    s.edit_config([](nlohmann::json& j) { j["architectures"] = {"LlamaForCausalLMEagle"}; });
+    eagle::DraftCpuModel m;
+    check_error(s.load(&m), StatusCode::kInvalidArgument,
+                {"field 'draft_vocab_size' = 200", "is an EAGLE-3 field",
+                 "an EAGLE-1/2 draft (LlamaForCausalLMEagle)", "has 512"});
+    s.edit_config([](nlohmann::json& j) { j.erase("draft_vocab_size"); });
+    check_error(s.load(&m), StatusCode::kUnsupported,
+                {"field 'eagle_config'", "is an EAGLE-3 field", "remove it"});
   }
   SUBCASE("an EAGLE-3 checkpoint under an EAGLE policy") {
     Setup s;

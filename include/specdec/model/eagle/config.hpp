@@ -11,7 +11,8 @@
 //   num_hidden_layers   1 (one Llama decoder layer; others kUnsupported: EAGLE-3's midlayer is
 //                       one layer, and public EAGLE-1/2 drafts have one, layers.0.*)
 //   hidden_size H, intermediate_size I, num_attention_heads nh, vocab_size V (the target's),
-//   rms_norm_eps, rope_theta (or rope_parameters {rope_type "default", rope_theta}),
+//   rms_norm_eps, rope_theta (or rope_parameters {rope_type "default", rope_theta}; both
+//   forms may be given when they agree),
 //   max_position_embeddings                                                    required
 //   num_key_value_heads nkv    default nh (transformers' LlamaConfig); nh % nkv == 0
 //   head_dim hd                default H / nh (H % nh must then be 0); even (NeoX rope halves)
@@ -32,7 +33,8 @@
 // EAGLE-1/2: Vd = V and Ht = H (the draft reads the target's embedding width and predicts in the
 //   target's vocabulary through the target's lm_head); layers is empty (the policy's Layers<>),
 //   and the feature it reads is the target's last hidden state: feature_layers() = [N - 1],
-//   final-normed by the draft (forward_cpu.hpp). eagle_config is not read.
+//   final-normed by the draft (forward_cpu.hpp). A draft_vocab_size or target_hidden_size other
+//   than V / H, or an eagle_config, contradicts the architecture and is refused naming the field.
 //
 // Errors name the file and the field ("<dir>/config.json: field 'eagle_config.
 // eagle_aux_hidden_state_layer_ids' ..."): missing / wrongly typed fields kMalformedInput, values
@@ -284,6 +286,30 @@ inline Status parse_eagle3_fields(FieldReader const& t, int target_num_layers, D
   return parse_eagle_config(t, target_num_layers, c);
 }
 
+// EAGLE-1/2: the EAGLE-3 fields, which this architecture does not read, must not say something
+// else (a smaller draft vocabulary, other target widths, aux layers): the config would then
+// contradict its own architectures.
+inline Status reject_eagle3_fields(FieldReader const& t, DraftConfig const& c) {
+  Json const& j = *t.obj;
+  std::string const why = "is an EAGLE-3 field, and architectures names an EAGLE-1/2 draft (" +
+                          c.architecture + "): ";
+  for (auto [key, want] : {std::pair<char const*, int>{"draft_vocab_size", c.vocab_size},
+                           std::pair<char const*, int>{"target_hidden_size", c.hidden_size}}) {
+    if (t.absent_or_null(key)) continue;
+    int v = 0;
+    SPECDEC_RETURN_IF_ERROR(t.get_int32(key, 1, &v));
+    if (v != want) {
+      return t.bad_value(key, j[key],
+                         why + "an EAGLE-1/2 draft has " + std::to_string(want) +
+                             " (its vocab_size / hidden_size)");
+    }
+  }
+  if (!t.absent_or_null("eagle_config")) {
+    return t.unsupported("eagle_config", j["eagle_config"], why + "remove it");
+  }
+  return Status::Ok();
+}
+
 }  // namespace detail
 
 // Parses config.json text of a draft for a target of `target_num_layers` layers. `source` names
@@ -328,6 +354,8 @@ inline Status parse_draft_config(std::string_view json_text, std::string_view so
     SPECDEC_RETURN_IF_ERROR(detail::parse_llama_fields(top, &c));
     if (c.eagle3()) {
       SPECDEC_RETURN_IF_ERROR(detail::parse_eagle3_fields(top, target_num_layers, &c));
+    } else {
+      SPECDEC_RETURN_IF_ERROR(detail::reject_eagle3_fields(top, c));
     }
     *out = std::move(c);
     return Status::Ok();
