@@ -261,45 +261,47 @@ inline bool same_scaling(std::optional<YarnScaling> const& a, std::optional<Yarn
 }
 
 // rope_theta and rope_scaling, from the classic keys or transformers v5's rope_parameters; where
-// a config gives both forms they must agree (neither is ignored).
-inline Status parse_rope(FieldReader const& t, DeepseekV3Config* c) {
+// a config gives both forms they must agree (neither is ignored). The target's config and the
+// EAGLE draft's read rope through here.
+inline Status parse_rope(FieldReader const& t, double* rope_theta,
+                         std::optional<YarnScaling>* rope_scaling) {
   FieldReader params{t.source, t.prefix, nullptr};
   bool const has_params = !t.absent_or_null("rope_parameters");
   if (has_params) SPECDEC_RETURN_IF_ERROR(t.get_object("rope_parameters", &params));
   if (t.has("rope_theta") || !has_params) {
-    SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", &c->rope_theta));
-    SPECDEC_RETURN_IF_ERROR(check_positive(t, "rope_theta", c->rope_theta));
+    SPECDEC_RETURN_IF_ERROR(t.get_double("rope_theta", rope_theta));
+    SPECDEC_RETURN_IF_ERROR(check_positive(t, "rope_theta", *rope_theta));
   }
   if (has_params && params.has("rope_theta")) {
     double theta = 0.0;
     SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", &theta));
     SPECDEC_RETURN_IF_ERROR(check_positive(params, "rope_theta", theta));
-    if (t.has("rope_theta") && theta != c->rope_theta) {
+    if (t.has("rope_theta") && theta != *rope_theta) {
       return Status::InvalidArgument(t.where("rope_theta") + " = " + t.find("rope_theta")->dump() +
                                      " and " + params.field("rope_theta") + " = " +
                                      params.find("rope_theta")->dump() + " disagree");
     }
-    c->rope_theta = theta;
+    *rope_theta = theta;
   } else if (!t.has("rope_theta")) {
-    SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", &c->rope_theta));  // names it missing
+    SPECDEC_RETURN_IF_ERROR(params.get_double("rope_theta", rope_theta));  // names it missing
   }
   bool const has_scaling = !t.absent_or_null("rope_scaling");
   if (has_scaling) {
     FieldReader s{t.source, t.prefix, nullptr};
     SPECDEC_RETURN_IF_ERROR(t.get_object("rope_scaling", &s));
-    SPECDEC_RETURN_IF_ERROR(parse_scaling(s, false, &c->rope_scaling));
+    SPECDEC_RETURN_IF_ERROR(parse_scaling(s, false, rope_scaling));
   }
   if (!has_params) {
-    if (!has_scaling) c->rope_scaling.reset();
+    if (!has_scaling) rope_scaling->reset();
     return Status::Ok();
   }
   std::optional<YarnScaling> from_params;
   SPECDEC_RETURN_IF_ERROR(parse_scaling(params, true, &from_params));
-  if (has_scaling && !same_scaling(c->rope_scaling, from_params)) {
+  if (has_scaling && !same_scaling(*rope_scaling, from_params)) {
     return Status::InvalidArgument(t.where("rope_scaling") + " and " + t.field("rope_parameters") +
                                    " disagree: give one of them, or the same scaling in both");
   }
-  c->rope_scaling = from_params;
+  *rope_scaling = from_params;
   return Status::Ok();
 }
 
@@ -452,7 +454,7 @@ inline Status parse_text_config(ConfigReader const& cr, DeepseekV3Config* c) {
   SPECDEC_RETURN_IF_ERROR(t.get_int32("vocab_size", 1, &c->vocab_size));
   SPECDEC_RETURN_IF_ERROR(t.get_double("rms_norm_eps", &c->rms_norm_eps));
   SPECDEC_RETURN_IF_ERROR(check_positive(t, "rms_norm_eps", c->rms_norm_eps));
-  SPECDEC_RETURN_IF_ERROR(parse_rope(t, c));
+  SPECDEC_RETURN_IF_ERROR(parse_rope(t, &c->rope_theta, &c->rope_scaling));
   SPECDEC_RETURN_IF_ERROR(t.get_int("max_position_embeddings", &c->max_position_embeddings));
   if (c->max_position_embeddings <= 0) {
     return t.bad_value("max_position_embeddings", j["max_position_embeddings"], "must be > 0");

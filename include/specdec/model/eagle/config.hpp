@@ -239,14 +239,13 @@ inline Status parse_llama_fields(FieldReader const& t, DraftConfig* c) {
     return t.bad_value("rms_norm_eps", j["rms_norm_eps"], "must be > 0");
   // The target's reading of rope_theta / rope_scaling / rope_parameters (both forms, which must
   // agree); the draft runs unscaled NeoX rope only.
-  io::DeepseekV3Config rope;
-  SPECDEC_RETURN_IF_ERROR(io::detail::parse_rope(t, &rope));
-  if (rope.rope_scaling) {
+  std::optional<io::YarnScaling> scaling;
+  SPECDEC_RETURN_IF_ERROR(io::detail::parse_rope(t, &c->rope_theta, &scaling));
+  if (scaling) {
     char const* key = t.absent_or_null("rope_scaling") ? "rope_parameters" : "rope_scaling";
     return t.unsupported(key, j[key],
                          "the draft runs unscaled NeoX rope only: no YaRN scaling");
   }
-  c->rope_theta = rope.rope_theta;
   SPECDEC_RETURN_IF_ERROR(t.get_int("max_position_embeddings", &c->max_position_embeddings));
   if (c->max_position_embeddings <= 0) {
     return t.bad_value("max_position_embeddings", j["max_position_embeddings"], "must be > 0");
