@@ -1,7 +1,7 @@
 // linear_bf16 CUDA kernel vs the CPU reference over Kimi-K2.5's decode shapes (q_a + kv_a
 // stacked, q_b, o_proj, the shared expert's gate + up and down, the draft's fc) cut in k where
-// the reference would be slow, and ragged ones (out not a multiple of the 16-row tile, in not a
-// multiple of the 32-column chunk, row strides past the width), T = 1..8 tokens, fp32 y with
+// the reference would be slow, and ragged ones (out not a multiple of the 16-row block, in not a
+// multiple of the 64-column chunk, row strides past the width), T = 1..8 tokens, fp32 y with
 // beta 0 (y poisoned with NaN: never read) and beta 1 (accumulated), and bf16 y. Agreement to
 // fp32 rounding: |gpu - cpu| <= 1e-4 sum_k |x w| (a wrong column, row or token pairing is off by
 // the sum itself); bf16 y within one bf16 step more. Outside [T, out] nothing is written; a
@@ -54,7 +54,7 @@ TEST_CASE("linear_bf16: GPU y equals the CPU reference to fp32 rounding") {
   testing::Rng rng(7);
   int64_t compared = 0;
   for (Shape const sh : shapes) {
-    for (int T : {1, 2, 3, 5, 8}) {
+    for (int T : {1, 2, 3, 4, 5, 8}) {
       for (int mode = 0; mode < 3; ++mode) {  // fp32 beta 0, fp32 beta 1, bf16
         CAPTURE(sh.out);
         CAPTURE(sh.in);
