@@ -148,7 +148,7 @@
 //       the OpenAI / SGLang HTTP server (server.hpp: endpoints, errors, signals) over
 //       engine/scheduler.hpp's continuous batching of SpecEngine<P, Exec> (the same policy
 //       dispatch, self-check and configuration line as generate). The KV pool is
-//       --max-total-tokens target tokens; a request holds prompt + max_tokens + the tree's
+//       --max-total-tokens target tokens (whole --page-size pages); a request holds prompt + max_tokens + the tree's
 //       positions, reserved when it is admitted (a full pool queues requests). --context-length
 //       (default: the model's max_position_embeddings less the tree's positions, within the pool)
 //       bounds prompt + max_tokens; larger is an error. --port 0 takes a free port (the log line
@@ -2086,6 +2086,13 @@ int serve(int argc, char** argv) {
   at_least("--decode-log-interval", sf.decode_log_interval, 0, " (0: no decode log)");
   int64_t const pages =
       g.o.page_size >= 1 ? specdec::ceil_div<int64_t>(sf.max_total_tokens, g.o.page_size) : 0;
+  if (g.o.page_size >= 1 && sf.max_total_tokens % g.o.page_size != 0) {
+    int64_t const down = (pages - 1) * g.o.page_size, up = pages * g.o.page_size;
+    fail_usage("--max-total-tokens " + std::to_string(sf.max_total_tokens) +
+               " is not a whole number of --page-size " + std::to_string(g.o.page_size) +
+               " pages (the pool holds whole pages): give " +
+               (down > 0 ? std::to_string(down) + " or " : std::string()) + std::to_string(up));
+  }
   if (pages > std::numeric_limits<int>::max()) {
     fail_usage("--max-total-tokens " + std::to_string(sf.max_total_tokens) + " is " +
                std::to_string(pages) + " pages of " + std::to_string(g.o.page_size) +
