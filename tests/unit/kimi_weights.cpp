@@ -472,11 +472,31 @@ TEST_CASE("kimi_weights: loader errors name the tensor and both sides") {
                 {"\"model.embed_tokens.weight\"", "expected BF16 [512, 64]",
                  "found BF16 [512, 128]"});
   }
-  SUBCASE("config / checkpoint mismatch: 16 experts in config, 8 in the checkpoint") {
+  SUBCASE("config / checkpoint mismatch: 10 experts in config, 8 in the checkpoint") {
+    Status s = run([](auto&) {}, [](json& j) { j["n_routed_experts"] = 10; });
+    check_error(s, StatusCode::kMalformedInput,
+                {"\"model.layers.1.mlp.gate.weight\"", "expected BF16 [10, 128]",
+                 "found BF16 [8, 128]"});
+  }
+  SUBCASE("config / checkpoint mismatch: 16 experts, more tensors than the checkpoint holds") {
+    // At least 6 tensors x 4 layers + 3 linears x 16 experts x 3 MoE layers = 168; the tiny
+    // checkpoint holds 129 (layer 0: 9 attention + 3 mlp; each MoE layer 9 + gate and bias + 3
+    // shared + 8 x 3 experts = 38; embedding, norm, lm_head).
     Status s = run([](auto&) {}, [](json& j) { j["n_routed_experts"] = 16; });
     check_error(s, StatusCode::kMalformedInput,
-                {"\"model.layers.1.mlp.gate.weight\"", "expected BF16 [16, 128]",
-                 "found BF16 [8, 128]"});
+                {"config.json names at least 168 tensors", "n_routed_experts 16 in each of 3",
+                 "the checkpoint holds 129"});
+  }
+  SUBCASE("config / checkpoint mismatch: sizes past the checkpoint, refused before the walk") {
+    // 2^28 experts (or 2^30 layers) would ask for gigabytes of bookkeeping before a shape check.
+    // At least 6 tensors x 4 layers + 3 linears x 2^28 experts x 3 MoE layers (1, 2, 3).
+    Status s = run([](auto&) {}, [](json& j) { j["n_routed_experts"] = 1 << 28; });
+    check_error(s, StatusCode::kMalformedInput,
+                {"config.json names at least 2415919128 tensors", "n_routed_experts 268435456",
+                 "in each of 3 MoE layers", "the checkpoint holds", "does not match"});
+    s = run([](auto&) {}, [](json& j) { j["num_hidden_layers"] = 1 << 30; });
+    check_error(s, StatusCode::kMalformedInput,
+                {"num_hidden_layers 1073741824", "does not match the checkpoint"});
   }
   SUBCASE("INT4 config over a bf16 checkpoint") {
     Status s = run([](auto&) {}, [](json& j) {

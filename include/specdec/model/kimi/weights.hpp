@@ -405,6 +405,22 @@ namespace detail {
 inline Status load_kimi_weights_impl(io::SafetensorsCheckpoint const& ckpt,
                                      DeepseekV3Config const& config, KimiWeights* out,
                                      io::ProgressFn const& progress) {
+  // A config naming more tensors than the checkpoint holds cannot match it: refused before the
+  // walk sizes its layers and experts (a mistyped n_routed_experts of 2^28 would first ask for
+  // gigabytes of bookkeeping). Every layer holds at least its 6 attention and norm tensors,
+  // every routed expert its 3 linears.
+  int64_t const held = static_cast<int64_t>(ckpt.names().size());
+  int64_t const moe_layers = config.num_moe_layers();
+  int64_t const least = int64_t{6} * config.num_hidden_layers +
+                        int64_t{3} * config.n_routed_experts * moe_layers;
+  if (least > held) {
+    return Status::MalformedInput(
+        ckpt.dir() + ": " + config.source + " names at least " + std::to_string(least) +
+        " tensors (num_hidden_layers " + std::to_string(config.num_hidden_layers) +
+        ", n_routed_experts " + std::to_string(config.n_routed_experts) + " in each of " +
+        std::to_string(moe_layers) + " MoE layers), the checkpoint holds " +
+        std::to_string(held) + ": a config that does not match the checkpoint");
+  }
   std::vector<TensorSpec> schema;
   SPECDEC_RETURN_IF_ERROR(kimi_tensor_schema(config, &schema));
   std::set<std::string, std::less<>> seen;
