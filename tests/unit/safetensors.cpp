@@ -261,17 +261,32 @@ TEST_CASE("safetensors: a hand-made file reads back") {
   CHECK(g.find("a")->bytes.data() == a->bytes.data());
 }
 
-TEST_CASE("safetensors: an empty table and gaps between tensors are accepted") {
+TEST_CASE("safetensors: an empty table loads; gaps and trailing bytes are refused by name") {
   SafetensorsHeader h;
   auto const empty = raw_file("{}");
   REQUIRE(specdec::io::parse_safetensors(empty, "mem", &h).ok());
   CHECK(h.tensors.empty());
   // a [0,4) and b [8,12): bytes 4..8 unused.
-  auto const gap =
-      raw_file("{" + entry("a", "[1]", "[0,4]") + "," + entry("b", "[1]", "[8,12]") + "}", 12);
-  Status const s = specdec::io::parse_safetensors(gap, "mem", &h);
+  check_error(raw_file("{" + entry("a", "[1]", "[0,4]") + "," + entry("b", "[1]", "[8,12]") + "}",
+                       12),
+              StatusCode::kMalformedInput,
+              {"\"b\"", "byte range [8, 12) leaves a gap of 4 bytes after tensor \"a\" [0, 4)"});
+  // The first tensor at byte 4.
+  check_error(raw_file("{" + entry("a", "[1]", "[4,8]") + "}", 8), StatusCode::kMalformedInput,
+              {"\"a\"", "gap of 4 bytes after the start of the data section"});
+  // a [0,4) in an 8-byte data section; and an empty table over 3 bytes.
+  check_error(raw_file("{" + entry("a", "[1]", "[0,4]") + "}", 8), StatusCode::kMalformedInput,
+              {"the tensors end at byte 4 of the 8-byte data section: 4 trailing bytes"});
+  check_error(raw_file("{}", 3), StatusCode::kMalformedInput,
+              {"end at byte 0 of the 3-byte data section: 3 trailing bytes"});
+  // An empty tensor sits where the data stands: [4,4) between a [0,4) and b [4,8).
+  auto const with_empty = raw_file("{" + entry("a", "[1]", "[0,4]") + "," +
+                                   entry("e", "[0]", "[4,4]") + "," + entry("b", "[1]", "[4,8]") +
+                                   "}",
+                                   8);
+  Status const s = specdec::io::parse_safetensors(with_empty, "mem", &h);
   CHECK_MESSAGE(s.ok(), s.to_string());
-  CHECK(h.tensors.size() == 2);
+  CHECK(h.tensors.size() == 3);
 }
 
 TEST_CASE("safetensors: file and header-length errors") {
@@ -376,12 +391,10 @@ TEST_CASE("safetensors: overlapping byte ranges name both tensors") {
   check_error(
       raw_file("{" + entry("x", "[1]", "[0,4]") + "," + entry("y", "[1]", "[0,4]") + "}", 4),
       StatusCode::kMalformedInput, {"overlaps tensor \"x\""});
-  // A zero-size tensor inside another's range takes no bytes: fine.
-  SafetensorsHeader h;
-  Status const s = specdec::io::parse_safetensors(
-      raw_file("{" + entry("a", "[2]", "[0,8]") + "," + entry("z", "[0]", "[4,4]") + "}", 8), "m",
-      &h);
-  CHECK_MESSAGE(s.ok(), s.to_string());
+  // A zero-size tensor inside another's range: the reference library refuses its offsets too.
+  check_error(
+      raw_file("{" + entry("a", "[2]", "[0,8]") + "," + entry("z", "[0]", "[4,4]") + "}", 8),
+      StatusCode::kMalformedInput, {"tensor \"z\"", "byte range [4, 4) overlaps tensor \"a\""});
 }
 
 TEST_CASE("write_safetensors: exact bytes of a one-tensor file") {

@@ -18,9 +18,10 @@
 // that is not a JSON object (or repeats a key at any depth: nlohmann would keep the last); an
 // entry missing dtype / shape / data_offsets or with a wrong JSON type; an unsupported dtype; a
 // shape dim that is not a non-negative integer; end < begin; end beyond the data section; a byte
-// size != product(shape) * dtype size (overflow-checked); two tensors' byte ranges overlapping;
-// __metadata__ that is not an object of strings. Unknown keys inside an entry are ignored (as the
-// reference implementation does); gaps between tensors are allowed on reading.
+// size != product(shape) * dtype size (overflow-checked); __metadata__ that is not an object of
+// strings; in offset order, a tensor that does not start where the one before it ends (an
+// overlap or a gap), or a data section longer than the tensors (trailing bytes), as the reference
+// library checks. Unknown keys inside an entry are ignored (as the reference implementation does).
 #pragma once
 
 #include <algorithm>
@@ -258,24 +259,43 @@ inline Status parse_safetensors(std::span<std::byte const> file, std::string_vie
   std::sort(h.tensors.begin(), h.tensors.end(),
             [](auto const& a, auto const& b) { return a.name < b.name; });
 
-  // Overlaps: sort the non-empty ranges by begin; each must start at or after the previous end.
+  // Layout, as the reference library checks it: in offset order every tensor starts where the
+  // one before it ends (the first at 0), and the last ends at the end of the data section; an
+  // overlap, a gap or trailing bytes is an error naming where.
   std::vector<SafetensorsEntry const*> by_offset;
-  for (auto const& e : h.tensors) {
-    if (e.end > e.begin) by_offset.push_back(&e);
-  }
+  for (auto const& e : h.tensors) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](auto const* a, auto const* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->name < b->name;
+    if (a->begin != b->begin) return a->begin < b->begin;
+    return a->end != b->end ? a->end < b->end : a->name < b->name;
   });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    SafetensorsEntry const& prev = *by_offset[i - 1];
-    SafetensorsEntry const& cur = *by_offset[i];
-    if (cur.begin < prev.end) {
-      return detail::tensor_error(label, cur.name,
-                                  "byte range [" + std::to_string(cur.begin) + ", " +
-                                      std::to_string(cur.end) + ") overlaps tensor \"" + prev.name +
-                                      "\" [" + std::to_string(prev.begin) + ", " +
-                                      std::to_string(prev.end) + ")");
+  auto range = [](SafetensorsEntry const& e) {
+    return "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+  };
+  uint64_t at = 0;
+  SafetensorsEntry const* prev = nullptr;
+  for (SafetensorsEntry const* cur : by_offset) {
+    if (cur->begin < at) {
+      return detail::tensor_error(label, cur->name,
+                                  "byte range " + range(*cur) + " overlaps tensor \"" +
+                                      prev->name + "\" " + range(*prev));
     }
+    if (cur->begin > at) {
+      return detail::tensor_error(
+          label, cur->name,
+          "byte range " + range(*cur) + " leaves a gap of " + std::to_string(cur->begin - at) +
+              " bytes after " + (prev ? "tensor \"" + prev->name + "\" " + range(*prev)
+                                      : std::string("the start of the data section")) +
+              " (the reference library refuses gaps)");
+    }
+    at = cur->end;
+    prev = cur;
+  }
+  if (at != h.data_size) {
+    return Status::MalformedInput(
+        std::string(label) + ": the tensors end at byte " + std::to_string(at) + " of the " +
+        std::to_string(h.data_size) + "-byte data section: " + std::to_string(h.data_size - at) +
+        " trailing bytes (the reference library refuses them; a truncated write or a wrong "
+        "header?)");
   }
   *out = std::move(h);
   return Status::Ok();
