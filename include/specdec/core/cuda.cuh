@@ -202,11 +202,30 @@ class DeviceBuffer {
 
 namespace specdec {
 
+// An attribute of the current device, read from the driver once per device and attribute kind
+// and then from a process-wide table (launchers ask on every launch; the values cannot change
+// while the process runs). Racing first readers store the same value.
+inline Status current_device_attribute(cudaDeviceAttr attr, int& value) {
+  constexpr int kDevices = 64, kKinds = 2;
+  int const kind = attr == cudaDevAttrMultiProcessorCount          ? 0
+                   : attr == cudaDevAttrComputeCapabilityMajor ? 1
+                                                                   : -1;
+  int device = 0;
+  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
+  static std::atomic<int> table[kDevices][kKinds] = {};  // 0: not read yet (both are >= 1)
+  bool const cached = kind >= 0 && device >= 0 && device < kDevices;
+  if (cached && (value = table[device][kind].load(std::memory_order_relaxed)) > 0) {
+    return Status::Ok();
+  }
+  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&value, attr, device));
+  if (cached) table[device][kind].store(value, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
 // Whether the current device launches thread-block clusters (compute capability 9.0 and later).
 inline Status current_device_has_clusters(bool& has_clusters) {
-  int device = 0, major = 0;
-  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
-  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  int major = 0;
+  SPECDEC_RETURN_IF_ERROR(current_device_attribute(cudaDevAttrComputeCapabilityMajor, major));
   has_clusters = major >= 9;
   return Status::Ok();
 }

@@ -146,9 +146,8 @@ inline Status linear_bf16_cuda(LinearBf16Params const& p, cudaStream_t stream) {
   using namespace linear_bf16_detail;
   int64_t const blocks = (p.out + kRows - 1) / kRows;
   dim3 const grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.batch));
-  int device = 0, sms = 0;
-  SPECDEC_CUDA_TRY(cudaGetDevice(&device));
-  SPECDEC_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  SPECDEC_RETURN_IF_ERROR(current_device_attribute(cudaDevAttrMultiProcessorCount, sms));
   if (blocks * p.batch <= sms) {
     return launch_kernel("linear_bf16_kernel<16>", linear_bf16_kernel<kWideWarps>, grid,
                          kWideWarps * 32, 0, stream, p);
