@@ -278,7 +278,8 @@ endif()
 run_kimi(out rc serve --model-path "${DIR}" --max-total-tokens 1000 --page-size 64)
 if(NOT rc EQUAL 2 OR NOT out MATCHES
    "--max-total-tokens 1000 is not a whole number of --page-size 64 pages .*give 960 or 1024")
-  message(FATAL_ERROR "serve --max-total-tokens 1000 --page-size 64: exit ${rc}, expected 2: ${out}")
+  message(FATAL_ERROR "serve --max-total-tokens 1000 --page-size 64: exit ${rc}, expected 2: "
+                      "${out}")
 endif()
 run_kimi(out rc generate --model-path "${DIR}" --input-ids 7 --max-new-tokens 2 --top-k -5)
 if(NOT rc EQUAL 1 OR NOT out MATCHES "top_k -5 < -1")

@@ -148,13 +148,14 @@
 //       the OpenAI / SGLang HTTP server (server.hpp: endpoints, errors, signals) over
 //       engine/scheduler.hpp's continuous batching of SpecEngine<P, Exec> (the same policy
 //       dispatch, self-check and configuration line as generate). The KV pool is
-//       --max-total-tokens target tokens (whole --page-size pages); a request holds prompt + max_tokens + the tree's
-//       positions, reserved when it is admitted (a full pool queues requests). --context-length
-//       (default: the model's max_position_embeddings less the tree's positions, within the pool)
-//       bounds prompt + max_tokens; larger is an error. --port 0 takes a free port (the log line
-//       names it). --tp-size N shards the target as generate does, its ranks in this process
-//       (engine/lockstep.hpp: rank 0 schedules, the others replay its steps); --nnodes is
-//       generate's only. Needs cpp-httplib and PCRE2 at build time.
+//       --max-total-tokens target tokens (whole --page-size pages); a request holds prompt +
+//       max_tokens + the tree's positions, reserved when it is admitted (a full pool queues
+//       requests). --context-length (default: the model's max_position_embeddings less the
+//       tree's positions, within the pool) bounds prompt + max_tokens; larger is an error.
+//       --port 0 takes a free port (the log line names it). --tp-size N shards the target as
+//       generate does, its ranks in this process (engine/lockstep.hpp: rank 0 schedules, the
+//       others replay its steps); --nnodes is generate's only. Needs cpp-httplib and PCRE2 at
+//       build time.
 //   specdec-kimi dequantize --model-path DIR --out DIR2
 //       writes a copy of an INT4-expert checkpoint with float32 dense experts (exact) and no
 //       quantization_config, for frameworks that read dense weights (scripts/hf_parity.py --int4)

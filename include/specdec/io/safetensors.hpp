@@ -294,8 +294,8 @@ inline Status parse_safetensors(std::span<std::byte const> file, std::string_vie
     return Status::MalformedInput(
         std::string(label) + ": the tensors end at byte " + std::to_string(at) + " of the " +
         std::to_string(h.data_size) + "-byte data section: " + std::to_string(h.data_size - at) +
-        " trailing bytes (the reference library refuses them; a truncated write or a wrong "
-        "header?)");
+        " trailing bytes (the reference library refuses them: bytes appended to the file, or a "
+        "header that lists too few tensors?)");
   }
   *out = std::move(h);
   return Status::Ok();

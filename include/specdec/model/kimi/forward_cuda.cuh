@@ -822,7 +822,8 @@ namespace detail {
 // The widest weight gemm_bf16 gives ops::linear_bf16: up to here (Kimi's q_a, q_b, the shared
 // expert, o_proj 112 MiB) it runs with programmatic dependent launch, its first weight loads
 // overlapping the kernel before it, and beats cuBLAS (6-13% at T <= 8 on the narrow ones alone);
-// lm_head (2.35 GB) streams 3-6% faster through cuBLAS (bench_linear_bf16, benchmarks/RESULTS.md).
+// lm_head (2.35 GB) stays on cuBLAS: 3-6% faster on the H200 before linear_bf16's 128-byte loads,
+// 2.5% slower on an H100 after them, the H200 not remeasured (benchmarks/RESULTS.md).
 constexpr int64_t kLinearBf16MaxWeightBytes = int64_t{128} << 20;
 
 // A batch of gemm_bf16 products (e.g. one per attention head): product b reads X + b x and

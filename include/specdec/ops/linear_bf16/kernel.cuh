@@ -21,8 +21,10 @@
 // a rerun gives the same bits. No host synchronisation or allocation: graph-capturable.
 // Launched with programmatic dependent launch (core/cuda.cuh): with w_constant each warp's first
 // weight loads are issued before the kernel waits for the one before it.
-// Measured (benchmarks/RESULTS.md): ahead of cuBLAS on Kimi's narrow decode shapes. Splitting k
-// over thread-block clusters (fuller last waves) was tried and measured slower on every shape.
+// Measured (benchmarks/RESULTS.md): ahead of cuBLAS on Kimi's narrow decode shapes; on the
+// lm_head 0.975x its time on an H100 (1.05x on the H200 before the 128-byte loads; gemm_bf16
+// keeps the lm_head on cuBLAS until an H200 says otherwise). Splitting k over thread-block
+// clusters (fuller last waves) was tried and measured slower on every shape.
 #pragma once
 
 #include <cuda_runtime.h>
