@@ -27,6 +27,13 @@
 #   SPECDEC_AB_NO_BASE=1: no base tree (no archive needed): this tree alone is built, with
 #   every core, and its plain runs are what the variants are compared with; for switches that
 #   are off by default, whose off runs are the base's kernels (one build instead of two).
+#   Prebuilt (no build on the device, whose minutes count): here,
+#     scripts/device_ab.sh --pack BASE_BUILD HEAD_BUILD PATH...
+#   strips each PATH (relative to a build folder built for sm_90, e.g.
+#   benchmarks/specdec_bench_ops) of both folders into .carry/ab.tar.gz, with the shared libraries
+#   they link that are not CUDA's (Google Benchmark's soname differs between the machines); the
+#   call carries [".carry/ab.tar.gz"] and runs with SPECDEC_AB_PREBUILT=1 and any TARGETS
+#   (unused): @BUILD@ is then the unpacked base / head folder.
 #   Examples: scripts/device_ab.sh specdec_bench_ops 2 @BUILD@/benchmarks/specdec_bench_ops
 #             --benchmark_filter='^BM_sample/'
 #             SPECDEC_AB_HEAD_ENVS='SPECDEC_X=0;SPECDEC_X=1' scripts/device_ab.sh
@@ -41,6 +48,26 @@ if [ "${1:-}" = "--archive" ]; then
   echo "device_ab: .carry/base.tar = $(git rev-parse --short "$ref") ($size)"
   exit 0
 fi
+if [ "${1:-}" = "--pack" ]; then
+  [ $# -ge 4 ] ||
+    { echo "usage: scripts/device_ab.sh --pack BASE_BUILD HEAD_BUILD PATH..." >&2; exit 2; }
+  stage=$(mktemp -d) && mkdir -p "$stage/lib"
+  for side in base head; do
+    from=$2 && [ $side = head ] && from=$3
+    for path in "${@:4}"; do
+      [ -x "$from/$path" ] || { echo "device_ab: $from/$path is not an executable" >&2; exit 2; }
+      mkdir -p "$stage/$side/$(dirname "$path")"
+      cp "$from/$path" "$stage/$side/$path" && strip "$stage/$side/$path"
+      # Libraries outside the C / C++ runtimes and CUDA's, which the device has.
+      ldd "$from/$path" | awk '$3 ~ /^\// {print $1, $3}' |
+        grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcu|libnv|ld-linux)' |
+        awk '{print $2}' | xargs -r cp -L -t "$stage/lib"
+    done
+  done
+  mkdir -p .carry && tar czf .carry/ab.tar.gz -C "$stage" . && rm -rf "$stage"
+  echo "device_ab: .carry/ab.tar.gz ($(du -h .carry/ab.tar.gz | cut -f1))"
+  exit 0
+fi
 [ $# -ge 3 ] || { echo "usage: scripts/device_ab.sh TARGETS ROUNDS COMMAND..." >&2; exit 2; }
 targets=${1//,/ } rounds=$2
 shift 2
@@ -53,27 +80,37 @@ if [ -n "$no_base" ] && [ -z "${SPECDEC_AB_HEAD_ENVS:-}" ]; then
   echo "device_ab: SPECDEC_AB_NO_BASE needs SPECDEC_AB_HEAD_ENVS (nothing to compare)" >&2
   exit 2
 fi
-if [ -z "$no_base" ] && [ ! -f .carry/base.tar ]; then
-  echo "device_ab: .carry/base.tar missing (make it here with --archive REF)" >&2
-  exit 2
+prebuilt=${SPECDEC_AB_PREBUILT:-}
+if [ -n "$prebuilt" ]; then  # --pack's binaries: no build
+  [ -f .carry/ab.tar.gz ] || { echo "device_ab: .carry/ab.tar.gz missing (--pack)" >&2; exit 2; }
+  packed=/tmp/ab-prebuilt && rm -rf "$packed" && mkdir -p "$packed"
+  tar xzf .carry/ab.tar.gz -C "$packed"
+  export LD_LIBRARY_PATH=$packed/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  no_base=
 fi
-[ -z "$no_base" ] && rm -rf "$base" && mkdir -p "$base" && tar -xf .carry/base.tar -C "$base"
+[ -z "$no_base" ] && [ -z "$prebuilt" ] && [ ! -f .carry/base.tar ] &&
+  { echo "device_ab: .carry/base.tar missing (make it here with --archive REF)" >&2; exit 2; }
+[ -z "$no_base" ] && [ -z "$prebuilt" ] && rm -rf "$base" && mkdir -p "$base" &&
+  tar -xf .carry/base.tar -C "$base"
 cores=$(nproc)
 build() {  # build TREE FOLDER JOBS LOG [EXTRA_TARGET...]
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
     > "$4" 2>&1 && cmake --build "$2" -j "$3" --target $targets "${@:5}" >> "$4" 2>&1
 }
 start=$SECONDS
-base_rc=0 head_cores=$cores
-if [ -z "$no_base" ]; then
+base_rc=0 head_rc=0 head_cores=$cores
+if [ -n "$prebuilt" ]; then :
+elif [ -z "$no_base" ]; then
   build "$base" "$base/build" $((cores / 3 + 1)) "$logs/build_base.log" &
   base_pid=$!
   head_cores=$((cores - cores / 3))
 fi
 head_only=${SPECDEC_AB_HEAD_TARGETS:-}
-build . build-h200 $head_cores "$logs/build_head.log" ${head_only//,/ }
-head_rc=$?
-[ -z "$no_base" ] && { wait $base_pid; base_rc=$?; }
+if [ -z "$prebuilt" ]; then
+  build . build-h200 $head_cores "$logs/build_head.log" ${head_only//,/ }
+  head_rc=$?
+  [ -z "$no_base" ] && { wait $base_pid; base_rc=$?; }
+fi
 echo "device_ab: builds $((SECONDS - start)) s (head rc $head_rc, base rc $base_rc)"
 for side in head base; do
   rc=$head_rc && [ $side = base ] && rc=$base_rc
@@ -95,6 +132,7 @@ for ((r = 1; r <= rounds; ++r)); do
   fi
   for side in "${order[@]}"; do
     dir=$PWD/build-h200 && [ $side = base ] && dir=$base/build
+    [ -n "$prebuilt" ] && dir=$packed/${side%%+*}
     args=("${@//@BUILD@/$dir}")
     env=()
     if [ "${side#head+}" != "$side" ]; then read -r -a env <<< "${variants[${side#head+} - 1]}"; fi
