@@ -279,7 +279,7 @@ TEST_CASE("safetensors: an empty table loads; gaps and trailing bytes are refuse
               {"the tensors end at byte 4 of the 8-byte data section: 4 trailing bytes"});
   check_error(raw_file("{}", 3), StatusCode::kMalformedInput,
               {"end at byte 0 of the 3-byte data section: 3 trailing bytes"});
-  // An empty tensor sits where the data stands: [4,4) between a [0,4) and b [4,8).
+  // An empty tensor where the one before it ends: e [4,4) after a [0,4), before b [4,8).
   auto const with_empty = raw_file("{" + entry("a", "[1]", "[0,4]") + "," +
                                    entry("e", "[0]", "[4,4]") + "," + entry("b", "[1]", "[4,8]") +
                                    "}",
