@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -368,6 +369,7 @@ class Server {
         break;
     }
     if (err) return send_error(res, *err);
+    log_ignored_fields(p.ignored_fields);
     engine::ServingInfo const& info = backend_.info();
     if (!p.model.empty() && p.model != info.model_name) {
       ApiError e = api_error(404, "invalid_request_error",
@@ -548,6 +550,32 @@ class Server {
         });
   }
 
+  // Request fields no rule reads are served as if absent (as OpenAI's clients expect), so a typo
+  // such as "max_token" would pass unseen: each name is logged the first time a request carries
+  // it (at most kMaxIgnoredNames names, so clients cannot grow the set without bound).
+  void log_ignored_fields(std::vector<std::string> const& fields) {
+    if (fields.empty()) return;
+    constexpr size_t kMaxIgnoredNames = 256, kMaxNameBytes = 64;
+    std::string fresh;
+    std::lock_guard<std::mutex> lock(ignored_mu_);
+    for (std::string const& f : fields) {
+      if (ignored_names_.size() >= kMaxIgnoredNames) break;
+      if (std::find(ignored_names_.begin(), ignored_names_.end(), f) != ignored_names_.end()) {
+        continue;
+      }
+      ignored_names_.push_back(f);
+      std::string shown = serve::detail::printable(f.substr(0, kMaxNameBytes));
+      if (f.size() > kMaxNameBytes) shown += "...";
+      fresh += (fresh.empty() ? "'" : ", '") + shown + "'";
+    }
+    if (!fresh.empty()) {
+      std::fprintf(stderr,
+                   "specdec-kimi: a request carries %s, which this server ignores (served as if "
+                   "absent; each name is logged once)\n",
+                   fresh.c_str());
+    }
+  }
+
   ServerOptions o_;
   engine::ServingBackend& backend_;
   io::Tokenizer const& tok_;
@@ -555,6 +583,8 @@ class Server {
   httplib::Server svr_;
   std::atomic<bool> stopping_{false}, signalled_{false}, cancelled_{false};
   std::atomic<int> in_flight_{0};
+  std::mutex ignored_mu_;
+  std::vector<std::string> ignored_names_;  // logged once each (log_ignored_fields)
 };
 
 }  // namespace

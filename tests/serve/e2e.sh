@@ -210,6 +210,15 @@ jcheck "POST /generate: text + meta_info.spec_accept_length" \
   "isinstance(d['text'], str) and isinstance(d['meta_info']['spec_accept_length'], (int, float)) and d['meta_info']['spec_accept_length'] >= 1 and d['meta_info']['spec_verify_ct'] >= 1 and 1 <= d['meta_info']['completion_tokens'] <= 8 and len(d['output_ids']) == d['meta_info']['completion_tokens']"
 pass "POST /generate: text, output_ids, meta_info.spec_accept_length $(jget "d['meta_info']['spec_accept_length']")"
 
+# A field no rule reads (a typo of max_tokens) is served as if absent and named in the log once.
+req POST /v1/completions '{"prompt": "hi", "max_token": 2, "temperature": 0, "max_tokens": 2}'
+expect_status "POST /v1/completions with an ignored field" 200
+req POST /v1/completions '{"prompt": "hi", "max_token": 2, "temperature": 0, "max_tokens": 2}'
+expect_status "POST /v1/completions with an ignored field, again" 200
+n=$(grep -c "a request carries 'max_token', which this server ignores" "$WORK/server.log")
+[[ $n == 1 ]] || fail "the ignored field 'max_token': logged $n times (expected once)"
+pass "an ignored request field ('max_token') is served as if absent and logged once"
+
 COMP='{"model": "tiny", "prompt": "hello", "max_tokens": 16, "temperature": 0, "ignore_eos": true}'
 req POST /v1/completions "$COMP"
 expect_status "POST /v1/completions" 200

@@ -139,6 +139,8 @@ TEST_CASE("parse_completions: every field") {
   CHECK(r.stream);
   CHECK(r.include_usage);
   CHECK_FALSE(r.rid.has_value());
+  // Read by no rule, served as if absent, and named for the server's log (in key order).
+  CHECK(r.ignored_fields == std::vector<std::string>{"some_future_field", "user"});
 }
 
 TEST_CASE("parse_completions: defaults") {
@@ -191,6 +193,25 @@ TEST_CASE("max_tokens_given: whether the request set max_tokens (the server cuts
   CHECK_FALSE(given(generate, R"({"text": "x"})"));
   CHECK_FALSE(given(generate, R"({"text": "x", "sampling_params": {"temperature": 0}})"));
   CHECK(given(generate, R"({"text": "x", "sampling_params": {"max_new_tokens": 128}})"));
+}
+
+TEST_CASE("ignored_fields: a top-level field no rule reads, e.g. a typo, is named, not refused") {
+  // "max_token" for max_tokens: the default stands, and the field is listed for the server's log.
+  ParsedRequest const r =
+      accept(Endpoint::kCompletions, R"({"prompt": "x", "max_token": 5, "temperature": null})");
+  CHECK(r.sampling.max_tokens == kDefaultMaxTokens);
+  CHECK(r.ignored_fields == std::vector<std::string>{"max_token"});  // null is "not given": read
+  // Only the top level: an unknown key inside sampling_params or a message is not listed.
+  ParsedRequest const g = accept(
+      Endpoint::kGenerate, R"({"input_ids": [1, 2], "sampling_params": {"foo": 1}, "bar": []})");
+  CHECK(g.ignored_fields == std::vector<std::string>{"bar"});
+  ParsedRequest const c = accept(Endpoint::kChatCompletions,
+                                 R"({"messages": [{"role": "user", "content": "x", "foo": 1}]})");
+  CHECK(c.ignored_fields.empty());
+  // A refused request fills nothing.
+  ParsedRequest bad;
+  CHECK(parse(Endpoint::kCompletions, R"({"prompt": "x", "max_token": 5, "n": 2})", &bad));
+  CHECK(bad.ignored_fields.empty());
 }
 
 TEST_CASE("parse_completions: the prompt forms") {
@@ -257,6 +278,7 @@ TEST_CASE("parse_chat_completions: every field") {
   CHECK_FALSE(r.sampling.ignore_eos);
   CHECK(r.stream);
   CHECK_FALSE(r.include_usage);
+  CHECK(r.ignored_fields == std::vector<std::string>{"parallel_tool_calls"});
 }
 
 TEST_CASE("parse_chat_completions: max_tokens and its alias max_completion_tokens") {
@@ -301,6 +323,7 @@ TEST_CASE("parse_generate: every field") {
   CHECK(r.stream);
   CHECK_FALSE(r.include_usage);
   CHECK(r.rid == std::optional<std::string>("req-42"));
+  CHECK(r.ignored_fields == std::vector<std::string>{"model"});  // OpenAI's, not SGLang's
 
   r = accept(Endpoint::kGenerate, R"({"input_ids": [9, 8, 7], "sampling_params": {"seed": 5}})");
   REQUIRE(r.prompt_ids.has_value());

@@ -8,7 +8,8 @@
 //       body: the request's JSON text. Returns nullopt and fills *req, or an ApiError (HTTP
 //       status, OpenAI error type, a message naming the field, its value and the allowed range
 //       or the fix, and param = the field's path such as "messages[2].content") and leaves *req
-//       untouched. Unknown fields are ignored; known fields this server cannot honour (echo,
+//       untouched. Unknown fields are ignored (as OpenAI's clients expect) and named in
+//       req.ignored_fields, for the server to report; known fields this server cannot honour (echo,
 //       logprobs, best_of > 1, suffix, tools, penalties, vLLM's min_tokens, guided_* and
 //       skip_special_tokens false, ...) are refused with 400 when given a value other than their
 //       default, never dropped; so are /generate's sampling fields outside sampling_params (and
@@ -134,6 +135,10 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage (only with stream)
   std::optional<std::string> rid;  // /generate's request id
+  // Top-level fields no rule of the endpoint reads (a typo such as "max_token", or a field
+  // OpenAI's clients send that changes nothing here, such as "user"), in key order: served as if
+  // absent, listed so the server can say so.
+  std::vector<std::string> ignored_fields;
 };
 
 namespace detail {
@@ -207,8 +212,19 @@ inline ApiError unsupported(std::string const& path, json const& got, std::strin
   return e;
 }
 
+// The keys of a request's top-level object that field() was asked for, while a parse runs on
+// this thread (with_json_object): the rest are ParsedRequest::ignored_fields.
+struct TopLevelReads {
+  json const* top = nullptr;
+  std::vector<std::string> keys;
+};
+inline thread_local TopLevelReads* top_level_reads = nullptr;
+
 // The field `key` of `obj`, or nullptr when it is absent or null.
 inline json const* field(json const& obj, std::string_view key) {
+  if (top_level_reads != nullptr && &obj == top_level_reads->top) {
+    top_level_reads->keys.emplace_back(key);
+  }
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return nullptr;
   return &*it;
@@ -628,9 +644,11 @@ inline std::optional<ApiError> read_messages(json const& obj, std::vector<Messag
   return std::nullopt;
 }
 
-// Parses `body` as a JSON object and runs `fn` on it; every exception stops here.
+// Parses `body` as a JSON object and runs `fn` on it (which fills *out on success; then the
+// object's keys `fn` never asked field() for are added to out->ignored_fields); every exception
+// stops here.
 template <class Fn>
-std::optional<ApiError> with_json_object(std::string_view body, Fn&& fn) {
+std::optional<ApiError> with_json_object(std::string_view body, ParsedRequest* out, Fn&& fn) {
   try {
     json j;
     try {
@@ -644,7 +662,21 @@ std::optional<ApiError> with_json_object(std::string_view body, Fn&& fn) {
       return invalid(std::string("the request body must be a JSON object, got ") + j.type_name(),
                      "");
     }
-    return fn(j);
+    TopLevelReads reads{&j, {}};
+    top_level_reads = &reads;
+    struct Unset {
+      ~Unset() { top_level_reads = nullptr; }
+    } const unset;
+    std::optional<ApiError> e = fn(j);
+    if (!e) {  // fn filled *out
+      std::sort(reads.keys.begin(), reads.keys.end());
+      for (auto const& [key, value] : j.items()) {
+        if (!std::binary_search(reads.keys.begin(), reads.keys.end(), key)) {
+          out->ignored_fields.push_back(key);
+        }
+      }
+    }
+    return e;
   } catch (std::exception const& e) {
     return ApiError{500, "server_error",
                     "internal error while reading the request: " + printable(e.what()), "", ""};
@@ -664,7 +696,8 @@ inline std::optional<ApiError> check_default_max_tokens(int default_max_tokens) 
 // POST /v1/completions.
 inline std::optional<ApiError> parse_completions(std::string_view body, int default_max_tokens,
                                                  ParsedRequest* out) {
-  return detail::with_json_object(body, [&](nlohmann::json const& j) -> std::optional<ApiError> {
+  return detail::with_json_object(body, out, [&](nlohmann::json const& j)
+                                                 -> std::optional<ApiError> {
     using namespace detail;
     if (auto e = check_default_max_tokens(default_max_tokens)) return e;
     ParsedRequest r;
@@ -703,7 +736,8 @@ inline std::optional<ApiError> parse_completions(std::string_view body, int defa
 // POST /v1/chat/completions. max_completion_tokens is an alias of max_tokens.
 inline std::optional<ApiError> parse_chat_completions(std::string_view body, int default_max_tokens,
                                                       ParsedRequest* out) {
-  return detail::with_json_object(body, [&](nlohmann::json const& j) -> std::optional<ApiError> {
+  return detail::with_json_object(body, out, [&](nlohmann::json const& j)
+                                                 -> std::optional<ApiError> {
     using namespace detail;
     if (auto e = check_default_max_tokens(default_max_tokens)) return e;
     ParsedRequest r;
@@ -752,7 +786,8 @@ inline std::optional<ApiError> parse_chat_completions(std::string_view body, int
 
 // POST /generate (SGLang): text | input_ids, sampling_params {...}, stream, rid.
 inline std::optional<ApiError> parse_generate(std::string_view body, ParsedRequest* out) {
-  return detail::with_json_object(body, [&](nlohmann::json const& j) -> std::optional<ApiError> {
+  return detail::with_json_object(body, out, [&](nlohmann::json const& j)
+                                                 -> std::optional<ApiError> {
     using namespace detail;
     ParsedRequest r;
     r.endpoint = Endpoint::kGenerate;
