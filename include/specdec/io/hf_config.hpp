@@ -63,6 +63,8 @@ struct YarnScaling {
   double mscale = 0.0;                           // >= 0
   double mscale_all_dim = 0.0;                   // >= 0
   int64_t original_max_position_embeddings = 0;  // > 0
+
+  bool operator==(YarnScaling const&) const = default;
 };
 
 // 0.1 * m * ln(factor) + 1 for factor > 1, else 1 (yarn_get_mscale of DeepSeek / transformers).
@@ -252,14 +254,6 @@ inline Status parse_scaling(FieldReader const& s, bool is_params, std::optional<
   return Status::Ok();
 }
 
-inline bool same_scaling(std::optional<YarnScaling> const& a, std::optional<YarnScaling> const& b) {
-  if (a.has_value() != b.has_value()) return false;
-  return !a || (a->factor == b->factor && a->beta_fast == b->beta_fast &&
-                a->beta_slow == b->beta_slow && a->mscale == b->mscale &&
-                a->mscale_all_dim == b->mscale_all_dim &&
-                a->original_max_position_embeddings == b->original_max_position_embeddings);
-}
-
 // rope_theta and rope_scaling, from the classic keys or transformers v5's rope_parameters; where
 // a config gives both forms they must agree (neither is ignored). The target's config and the
 // EAGLE draft's read rope through here.
@@ -297,7 +291,7 @@ inline Status parse_rope(FieldReader const& t, double* rope_theta,
   }
   std::optional<YarnScaling> from_params;
   SPECDEC_RETURN_IF_ERROR(parse_scaling(params, true, &from_params));
-  if (has_scaling && !same_scaling(*rope_scaling, from_params)) {
+  if (has_scaling && *rope_scaling != from_params) {
     return Status::InvalidArgument(t.where("rope_scaling") + " and " + t.field("rope_parameters") +
                                    " disagree: give one of them, or the same scaling in both");
   }
