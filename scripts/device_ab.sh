@@ -58,9 +58,9 @@ if [ "${1:-}" = "--pack" ]; then
       [ -x "$from/$path" ] || { echo "device_ab: $from/$path is not an executable" >&2; exit 2; }
       mkdir -p "$stage/$side/$(dirname "$path")"
       cp "$from/$path" "$stage/$side/$path" && strip "$stage/$side/$path"
-      # Libraries outside the C / C++ runtimes and CUDA's, which the device has.
+      # Libraries outside the C / C++ runtimes, CUDA's and NCCL, which the device has.
       ldd "$from/$path" | awk '$3 ~ /^\// {print $1, $3}' |
-        grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcu|libnv|ld-linux)' |
+        grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcu|libnv|libnccl|ld-linux)' |
         awk '{print $2}' | xargs -r cp -L -t "$stage/lib"
     done
   done
