@@ -34,16 +34,17 @@
 //   A lane past the reduction's end reads the chunk's first
 //   piece with scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are
 //   multiples of 32).
-//   ptxas (nvcc 13, sm_90, -O3): 124 / 119 registers (gate_up / down; 128 / 126 with per-word
+//   ptxas (nvcc 13, sm_90, -O3): 124 / 123 registers (gate_up / down; 128 / 128 with per-word
 //   scales, for narrow or non-power-of-two groups), no spills.
-//   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 is the bf16
-//   pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8) exactly; times the scale is
-//   the weight rounded to bf16 once. The tiled order's nibble order (params.hpp) puts columns
-//   2i, 2i + 1 in nibbles i, i + 4, so pair i is the weights of columns (2i, 2i + 1), and the
-//   operand's 32-bit register i of the word is that column pair too. Fragments: any order of the
-//   reduction columns works if A and B agree, so the 16 columns of an mma are, for lane quad
-//   position q, pairs of its word: mma 1 of a word takes A = pairs 0, 1 of rows g, g + 8 and
-//   B = token g's registers 0, 1 (columns 0-3), mma 2 the pairs and registers 2, 3.
+//   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 (one LOP3,
+//   int4_pair_base) is the bf16 pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8)
+//   exactly; times the scale is the weight rounded to bf16 once. The tiled order's nibble order
+//   (params.hpp) puts columns 2i, 2i + 1 in nibbles i, i + 4, so pair i is the weights of
+//   columns (2i, 2i + 1), and the operand's 32-bit register i of the word is that column pair
+//   too. Fragments: any order of the reduction columns works if A and B agree, so the 16 columns
+//   of an mma are, for lane quad position q, pairs of its word: mma 1 of a word takes A = pairs
+//   0, 1 of rows g, g + 8 and B = token g's registers 0, 1 (columns 0-3), mma 2 the pairs and
+//   registers 2, 3.
 //   Accumulator lane (g, q) holds rows g, g + 8 x tokens 2q, 2q + 1.
 //   Numerics: the bf16 GEMM of the dense layers (x, the dequantised weights and h rounded to bf16,
 //   fp32 sums); reference.hpp's bf16_operands mode is its oracle.
@@ -443,16 +444,30 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The bits of the bf16 pair (128, 128), in a register the compiler cannot see the value of: each
+// kernel makes it once (int4_pair_base()) and dequant_word ORs it in. With both constants
+// visible, the compiler split (w & mask) | base into two LOP3s, one per constant: 64 more
+// instructions per 128-column chunk and lane (~400 in all), where instruction issue is one of
+// the kernels' limits (benchmarks/RESULTS.md: 0.95x at one token without them).
+__device__ __forceinline__ uint32_t int4_pair_base() {
+  uint32_t base = 0x43004300u;
+  asm("" : "+r"(base));
+  return base;
+}
+
 // The 4 bf16 pairs (nibble i, nibble i + 4) of packed word `word`, i < 4, as (nibble - 8) *
-// scale: in the tiled order's nibble order, the weights of columns (2i, 2i + 1).
-__device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale,
+// scale: in the tiled order's nibble order, the weights of columns (2i, 2i + 1). base:
+// int4_pair_base().
+__device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale, uint32_t base,
                                              uint32_t (&pairs)[4]) {
   uint32_t const one_bits = 0x3F803F80u, minus136_bits = 0xC308C308u;  // (1, 1), (-136, -136)
   __nv_bfloat162 const one = *reinterpret_cast<__nv_bfloat162 const*>(&one_bits);
   __nv_bfloat162 const minus136 = *reinterpret_cast<__nv_bfloat162 const*>(&minus136_bits);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint32_t const bits = ((word >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // 128 + n
+    uint32_t bits;  // ((word >> 4 i) & 0x000F000F) | base: 128 + n, one LOP3
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(bits) : "r"(word >> (4 * i)), "n"(0x000F000F),
+        "r"(base));
     __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 const*>(&bits);
     v = __hfma2(v, one, minus136);  // n - 8, exact
     pairs[i] = bf16x2_bits(__hmul2(v, scale));
@@ -493,6 +508,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
                            : (blockIdx.x * kMmaWarps + warp) * kDownRowsPerWarp;
   if (!kGateUp && row0 >= rows) return;  // no barrier below on this path
   int const pieces = cols / 32;           // 128-bit pieces per packed row
+  uint32_t const pair_base = int4_pair_base();
 
   // Tile m: its band of the tiled packed matrix (rows row0_m .. + 15), and the lane's scale
   // rows g, g + 8 (row-major).
@@ -515,9 +531,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   int const per_warp = kGateUp ? (nchunks + kMmaWarps - 1) / kMmaWarps : nchunks;
   int const ch0 = kGateUp ? min(nchunks, warp * per_warp) : 0;
   int const ch1 = min(nchunks, ch0 + per_warp);
-  // Loads without branches: a lane past the end reads the chunk's first piece of its row and
-  // column 0 of the operand, with scale 0.
+  // A chunk of 4 pieces a row (all but a last partial one) loads from offsets fixed per lane.
+  // Otherwise, loads without branches: a lane past the end reads the chunk's first piece of its
+  // row and column 0 of the operand, with scale 0.
+  int const full_chunks = cols / kMmaChunk;
   auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
+    if (ch < full_chunks) {  // warp-uniform
+      int const col = ch * kMmaChunk + 32 * q;
+      int const piece = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + g * kMoeInt4ChunkPieces + q;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          c.w[m][h] = __ldg(band[m] + piece + 8 * h * kMoeInt4ChunkPieces);
+#pragma unroll
+          for (int k = 0; k < kScales; ++k) {
+            int const sc = col + 8 * k;
+            c.s[m][h][k] = __ldg(scales[m][h] + (kOneScale ? sc >> shift : sc / group)) * 0x10001u;
+          }
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) c.b[w] = __ldg(operand + col / 8 + w);
+      return;
+    }
     int const col = ch * kMmaChunk + 32 * q;
     bool const in = col < cols;
     int const at = in ? col : 0;
@@ -550,7 +587,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t const s2 = c.s[m][h][kOneScale ? 0 : w];
-          dequant_word(word_of(c.w[m][h], w), *reinterpret_cast<__nv_bfloat162 const*>(&s2), a[h]);
+          dequant_word(word_of(c.w[m][h], w), *reinterpret_cast<__nv_bfloat162 const*>(&s2),
+                       pair_base, a[h]);
         }
         mma_bf16_16816(acc[m], a[0][0], a[1][0], a[0][1], a[1][1], c.b[w].x, c.b[w].y);
         mma_bf16_16816(acc[m], a[0][2], a[1][2], a[0][3], a[1][3], c.b[w].z, c.b[w].w);
