@@ -531,36 +531,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   int const per_warp = kGateUp ? (nchunks + kMmaWarps - 1) / kMmaWarps : nchunks;
   int const ch0 = kGateUp ? min(nchunks, warp * per_warp) : 0;
   int const ch1 = min(nchunks, ch0 + per_warp);
-  // A chunk of 4 pieces a row (all but a last partial one) loads from offsets fixed per lane.
-  // Otherwise, loads without branches: a lane past the end reads the chunk's first piece of its
-  // row and column 0 of the operand, with scale 0.
-  int const full_chunks = cols / kMmaChunk;
-  auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
-    if (ch < full_chunks) {  // warp-uniform
-      int const col = ch * kMmaChunk + 32 * q;
-      int const piece = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + g * kMoeInt4ChunkPieces + q;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          c.w[m][h] = __ldg(band[m] + piece + 8 * h * kMoeInt4ChunkPieces);
-#pragma unroll
-          for (int k = 0; k < kScales; ++k) {
-            int const sc = col + 8 * k;
-            c.s[m][h][k] = __ldg(scales[m][h] + (kOneScale ? sc >> shift : sc / group)) * 0x10001u;
-          }
-        }
-      }
-#pragma unroll
-      for (int w = 0; w < 4; ++w) c.b[w] = __ldg(operand + col / 8 + w);
-      return;
-    }
-    int const col = ch * kMmaChunk + 32 * q;
-    bool const in = col < cols;
-    int const at = in ? col : 0;
-    // The tiled order (params.hpp): the chunk's w pieces per row, row by row.
-    int const w = moe_int4_chunk_width(pieces, ch);
-    int const piece = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + g * w + (in ? q : 0);
+  // Chunk ch's loads from the lane's first piece, the chunk's pieces a row w, the lane's first
+  // column `at` and whether it lies inside the row (else its scales are 0).
+  auto load_at = [&](uint4 const* operand, int piece, int w, int at, bool in,
+                     Int4Chunk<kScales>& c) {
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
@@ -575,7 +549,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
       }
     }
 #pragma unroll
-    for (int w = 0; w < 4; ++w) c.b[w] = __ldg(operand + at / 8 + w);
+    for (int j = 0; j < 4; ++j) c.b[j] = __ldg(operand + at / 8 + j);
+  };
+  // A chunk of 4 pieces a row (all but a last partial one) loads from offsets fixed per lane;
+  // in a last partial chunk, a lane past the end reads the chunk's first piece of its row and
+  // column 0 of the operand, with scale 0 (no branches).
+  int const full_chunks = cols / kMmaChunk;
+  auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
+    int const col = ch * kMmaChunk + 32 * q;
+    // The tiled order (params.hpp): the chunk's w pieces per row, row by row.
+    int const first = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces);
+    if (ch < full_chunks) {  // warp-uniform
+      load_at(operand, first + g * kMoeInt4ChunkPieces + q, kMoeInt4ChunkPieces, col, true, c);
+      return;
+    }
+    bool const in = col < cols;
+    int const w = moe_int4_chunk_width(pieces, ch);
+    load_at(operand, first + g * w + (in ? q : 0), w, in ? col : 0, in, c);
   };
   // acc[m] += tile m's rows x the chunk's operand columns.
   auto mma_chunk = [&](Int4Chunk<kScales> const& c, float (&acc)[2][4]) {
