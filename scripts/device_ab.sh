@@ -60,7 +60,8 @@ if [ "${1:-}" = "--pack" ]; then
       cp "$from/$path" "$stage/$side/$path" && strip "$stage/$side/$path"
       # Libraries outside the C / C++ runtimes, CUDA's and NCCL, which the device has.
       ldd "$from/$path" | awk '$3 ~ /^\// {print $1, $3}' |
-        grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcu|libnv|libnccl|ld-linux)' |
+        grep -Ev '^(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt)' |
+        grep -Ev '^(libcu|libnv|libnccl|ld-linux)' |
         awk '{print $2}' | xargs -r cp -L -t "$stage/lib"
     done
   done
