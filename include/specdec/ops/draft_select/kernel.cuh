@@ -14,6 +14,8 @@
 //     their node index by counting chosen slots below them.
 // Launchers do no host synchronisation, allocation or host read of device data: B, topk, step,
 // steps and the vocabulary are the op's static shape (a CUDA graph holds one node per step).
+// draft_finalize always, and draft_expand at batch 1, launch with programmatic dependent launch
+// (core/cuda.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -247,6 +249,7 @@ __global__ void __launch_bounds__(kExpandThreads)
   __shared__ uint64_t s_keys[kExpandWarps][K];
   __shared__ float2 s_ms[kExpandWarps];
   __shared__ bool s_last;
+  await_prior_kernels();
   int const split = blockIdx.x, i = blockIdx.y, b = blockIdx.z;
   int const K_in = gridDim.y, splits = gridDim.x, tid = threadIdx.x;
   int const Vd = p.vocab;
@@ -342,8 +345,12 @@ Status draft_expand_launch(DraftExpandParams const& p, cudaStream_t stream) {
   int const rows = p.batch * K_in;
   int const chunk = draft_expand_chunk(rows, p.vocab);
   int const splits = ceil_div(p.vocab, chunk);
-  draft_expand_kernel<K><<<dim3(splits, K_in, p.batch), kExpandThreads, 0, stream>>>(p, chunk);
-  return cuda_launch_status("draft_expand_kernel");
+  // Programmatic dependent launch at batch 1 only: every batch-1 shape measured gained 5-7% by
+  // it; at batch 8 and 64 some shapes lost 10-16% (and 17-35% before), even with the whole grid
+  // resident at once (benchmarks/RESULTS.md, 2026-12-04 and 2026-12-06).
+  ProgrammaticLaunchScope const batch_one(p.batch == 1);
+  return launch_kernel("draft_expand_kernel", draft_expand_kernel<K>,
+                       dim3(splits, K_in, p.batch), kExpandThreads, 0, stream, p, chunk);
 }
 
 // Dynamic shared memory of draft_finalize_kernel: keys [C] u64, node index [C] i32, chosen [C] u8.
