@@ -47,12 +47,15 @@ void make_tree(testing::Rng& rng, int n, int topk, TreeHost& t, int b) {
 }  // namespace
 
 TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
-  struct Case { int batch, nodes, vocab, topk; bool sampled; };
+  // argmax_drafts: every draft token is its parent's target argmax and the draft probabilities
+  // are softmax(logits) without noise, so most walks accept to a leaf and draw the bonus there.
+  struct Case { int batch, nodes, vocab, topk; bool sampled, argmax_drafts = false; };
   Case const cases[] = {
       {1, 1, 163840, 1, false},  {1, 16, 163840, 4, false}, {4, 4, 163840, 2, true},
       {8, 16, 32000, 8, false},  {64, 4, 32000, 2, false},  {16, 64, 32000, 8, false},
       {256, 4, 4096, 1, false},  {8, 16, 32000, 4, true},   {64, 8, 1000, 2, true},
       {256, 1, 2048, 1, true},   {4, 64, 5003, 8, true},
+      {16, 4, 163840, 1, true, true}, {32, 8, 32000, 2, true, true},
       // Trees past 48 KB of per-node shared memory (the kernel opts in to more).
       {2, 1000, 777, 2, false},  {2, 1000, 777, 3, true},
   };
@@ -61,6 +64,7 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
   testing::Rng rng(77);
   for (Case cs : cases) {
     int accepted_in_case = 0;  // over all variants: at T > 0 a wide vocabulary rarely accepts
+    int leaves_in_case = 0;    // requests whose walk accepted N - 1 drafts (topk 1: a leaf)
     for (int variant = 0; variant < 4; ++variant) {  // T by variant; top_p 0.9 / top_k 50 mixed
       int const B = cs.batch, N = cs.nodes, V = cs.vocab;
       size_t const rows = static_cast<size_t>(B) * N;
@@ -81,19 +85,24 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
         std::normal_distribution<float> noise(0.0f, 1.0f);
         for (size_t r = 0; r < rows; ++r) {
           double m = -INFINITY, s = 0;
-          for (int v = 0; v < V; ++v) m = std::max(m, double(q[r * V + v] = logits[r * V + v] + noise(rng)));
+          for (int v = 0; v < V; ++v) {
+            float const e = cs.argmax_drafts ? 0.0f : noise(rng);
+            m = std::max(m, double(q[r * V + v] = logits[r * V + v] + e));
+          }
           for (int v = 0; v < V; ++v) s += q[r * V + v] = static_cast<float>(std::exp(q[r * V + v] - m));
           for (int v = 0; v < V; ++v) q[r * V + v] = static_cast<float>(q[r * V + v] / s);
         }
       }
-      // Draft tokens: half the time the parent's target argmax (likely accepted), else random.
+      // Draft tokens: half the time (argmax_drafts: always) the parent's target argmax (likely
+      // accepted), else random.
       t.tokens.assign(rows, 0);
       for (int b = 0; b < B; ++b) {
         for (int i = 1; i < N; ++i) {
           size_t const pr = static_cast<size_t>(b) * N + t.parents[b * N + i];
           int best = 0;
           for (int v = 1; v < V; ++v) best = logits[pr * V + v] > logits[pr * V + best] ? v : best;
-          t.tokens[b * N + i] = (rng() % 2) ? best : static_cast<int32_t>(rng() % V);
+          bool const argmax = cs.argmax_drafts || rng() % 2;
+          t.tokens[b * N + i] = argmax ? best : static_cast<int32_t>(rng() % V);
         }
       }
       std::vector<uint64_t> seed(B);
@@ -176,6 +185,7 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
       for (int b = 0; b < B; ++b) {
         ++compared;
         accepted_in_case += num[b];
+        leaves_in_case += status[b] == kSampleOk && num[b] == N - 1 ? 1 : 0;
         CHECK(gstatus[b] == status[b]);
         bool same = gnum[b] == num[b] && gnext[b] == next[b];
         for (int i = 0; i < P; ++i) same = same && gpath[b * P + i] == path[b * P + i];
@@ -198,6 +208,10 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
     }
     if (cs.nodes > 1) CHECK_MESSAGE(accepted_in_case > 0, "no draft accepted, batch " << cs.batch
                                                           << " nodes " << cs.nodes);
+    if (cs.argmax_drafts && cs.topk == 1) {
+      CHECK_MESSAGE(leaves_in_case * 2 > 4 * cs.batch, "few walks reached the leaf: "
+                                                           << leaves_in_case);
+    }
   }
   MESSAGE("compared " << compared << ", near-boundary mismatches " << skipped);
   CHECK(skipped * 100 <= compared);

@@ -2,14 +2,16 @@
 // sample_row_thresholds_kernel (sample/kernel.cuh) reduce every logit row [B, N] across the whole
 // GPU into chunk partials and, for requests with top-k / top-p, the row's threshold key. Then one
 // block of kSampleThreads per request:
-//   1. stages the request's tree (tokens, first_child, next_sibling) in shared memory, and one
-//      thread per node loads the logit of each child's token in the node's row: the op's inputs,
-//      read before the programmatic wait (core/cuda.cuh), behind the partials kernel's tail;
+//   1. stages the request's tree (tokens, first_child, next_sibling) and each node's two Philox
+//      uniforms in shared memory, and one thread per node loads the logit of each child's token
+//      in the node's row: the op's inputs, read before the programmatic wait (core/cuda.cuh),
+//      behind the partials kernel's tail;
 //   2. after the wait, one warp per row turns its chunk partials into the row's TargetDist and
-//      mass;
+//      mass, then one thread per node its loaded logit into its weight;
 //   3. walks the tree of verify_sample/params.hpp from shared memory: O(1) per child (plus, for
-//      sampled drafts, one residual-mass pass per rejected child), then one inverse-CDF draw
-//      (one chunk scanned).
+//      sampled drafts, one residual-mass pass per rejected child), then one inverse-CDF draw:
+//      one chunk scanned, except from a sampled draft's residual after a rejected child (block
+//      passes over the row).
 // Every thread takes the same decisions (shared values and block reductions hand every thread the
 // same values). Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs [B, N, V] or
 // nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B], workspace
@@ -36,6 +38,10 @@ struct NodeArrays {
   TargetDist* row_dist;   // each row's distribution, its mass and its error
   float* row_mass;
   int32_t* row_error;
+  float* child_weight;    // the loaded child logit's weight in its parent's row
+  float* child_q;         // sampled drafts: the child token's draft probability in that row
+  float* u_accept;        // the node's uniforms: its accept test (index 0), and the draw at it
+  float* u_draw;          // (index 1)
   int32_t* token;
   int32_t* first_child;
   int32_t* next_sibling;
@@ -43,7 +49,7 @@ struct NodeArrays {
   int32_t* path;          // accepted nodes
 
   static constexpr size_t kBytesPerNode =
-      sizeof(uint64_t) + sizeof(TargetDist) + sizeof(float) + 6 * sizeof(int32_t);
+      sizeof(uint64_t) + sizeof(TargetDist) + 5 * sizeof(float) + 6 * sizeof(int32_t);
 
   __device__ static NodeArrays carve(void* base, int n) {
     NodeArrays a;
@@ -56,6 +62,10 @@ struct NodeArrays {
     take(a.row_dist, sizeof(TargetDist));
     take(a.row_mass, sizeof(float));
     take(a.row_error, sizeof(int32_t));
+    take(a.child_weight, sizeof(float));
+    take(a.child_q, sizeof(float));
+    take(a.u_accept, sizeof(float));
+    take(a.u_draw, sizeof(float));
     take(a.token, sizeof(int32_t));
     take(a.first_child, sizeof(int32_t));
     take(a.next_sibling, sizeof(int32_t));
@@ -90,18 +100,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (count < 1 || count > N) status = kSampleBadTree;
   if (status == kSampleOk) status = sample_config_error(temperature, p.config.top_p_of(b));
   int64_t const row0 = static_cast<int64_t>(b) * N;
+  uint64_t const seed = p.keys.seed[b];
+  uint32_t const step = p.keys.step[b];
+  uint32_t const request_id = p.keys.request_id ? p.keys.request_id[b] : static_cast<uint32_t>(b);
   if (status == kSampleOk) {
-    // 1a. The tree into shared memory.
+    // 1a. The tree into shared memory, and each node's two uniforms (the walk then reads them
+    //     instead of running Philox on its chain of decisions).
     for (int i = threadIdx.x; i < count; i += kThreads) {
       a.token[i] = p.tree.tokens[row0 + i];
       a.first_child[i] = p.links.first_child[row0 + i];
       a.next_sibling[i] = p.links.next_sibling[row0 + i];
       a.child_logit[i] = kNotLoaded;
+      a.u_accept[i] = philox_uniform(seed, request_id, step, static_cast<uint32_t>(i), 0);
+      a.u_draw[i] = philox_uniform(seed, request_id, step, static_cast<uint32_t>(i), 1);
     }
     __syncthreads();
-    // 1b. The children's logits (one thread per node).
+    // 1b. The children's logits (one thread per node), and for sampled drafts their draft
+    //     probabilities.
     for (int n = threadIdx.x; n < count; n += kThreads) {
       float const* row = p.logits + (row0 + n) * V;
+      float const* q_row = p.draft_probs ? p.draft_probs + (row0 + n) * V : nullptr;
       // Links only move forward (verify_sample_link_ok), so the list ends within N steps. A node
       // on two lists (malformed links) is tagged with one parent; the walk checks the tag.
       for (int32_t c = a.first_child[n], after = n; c != -1 && verify_sample_link_ok(c, after, count);
@@ -109,6 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int32_t const x = a.token[c];
         if (x >= 0 && x < V) {
           a.child_logit[c] = (static_cast<uint64_t>(n) << 32) | __float_as_uint(__ldg(row + x));
+          if (q_row) a.child_q[c] = __ldg(q_row + x);
         }
       }
     }
@@ -132,25 +151,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
+    // 2b. Each loaded child's weight in its parent's row (one thread per node).
+    for (int c = threadIdx.x; c < count; c += kThreads) {
+      uint64_t const e = a.child_logit[c];
+      if (e != kNotLoaded) {
+        a.child_weight[c] = a.row_dist[static_cast<int32_t>(e >> 32)].weight(
+            a.token[c], __uint_as_float(static_cast<uint32_t>(e)));
+      }
+    }
+    __syncthreads();
   }
   int len = 1, n = 0, n_rejected = 0;
   int32_t next_token = -1;
   int32_t* rejected = a.rejected;
-  uint64_t const seed = p.keys.seed[b];
-  uint32_t const step = p.keys.step[b];
-  uint32_t const request_id = p.keys.request_id ? p.keys.request_id[b] : static_cast<uint32_t>(b);
-  auto uniform = [&](int32_t node, uint32_t index) {
-    return philox_uniform(seed, request_id, step, static_cast<uint32_t>(node), index);
-  };
   auto row_of = [&](int32_t node) { return p.logits + (static_cast<int64_t>(b) * N + node) * V; };
   auto parts_of = [&](int32_t node) { return partials + (static_cast<int64_t>(b) * N + node) * chunks; };
-  // Weight in node's row of child c's token x: the loaded logit when c is tagged with the node.
+  // Whether step 1b loaded child c's values from node's row (c is tagged with the node).
+  auto loaded_by = [&](int32_t c, int32_t node) {
+    return (a.child_logit[c] >> 32) == static_cast<uint64_t>(node);
+  };
+  // Weight in node's row of child c's token x: step 2b's when step 1b loaded it.
   auto w_child = [&](int32_t node, TargetDist const& dist, int32_t c, int32_t x) {
     if (x < 0 || x >= V) return 0.0f;
-    uint64_t const e = a.child_logit[c];
-    float const l = (e >> 32) == static_cast<uint64_t>(node) ? __uint_as_float(static_cast<uint32_t>(e))
-                                                              : __ldg(row_of(node) + x);
-    return dist.weight(x, l);
+    return loaded_by(c, node) ? a.child_weight[c] : dist.weight(x, __ldg(row_of(node) + x));
   };
   // Deterministic drafts: node's children tried in sibling order, by the calling threads (the
   // block, or warp 0 alone; `sync` is the matching barrier). Returns the accepted child or -1,
@@ -167,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int32_t const x = a.token[c];
       if (sample_detail::is_excluded(x, rejected, n_rejected)) continue;
       float const wx = w_child(node, dist, c, x);
-      if (sample_accept_deterministic(uniform(c, 0), total - rejected_mass, wx)) return c;
+      if (sample_accept_deterministic(a.u_accept[c], total - rejected_mass, wx)) return c;
       sync();  // everyone has read the list before it grows
       if (threadIdx.x == 0) rejected[n_rejected] = x;
       sync();
@@ -184,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float const* row = row_of(node);
     auto w = [&](int v, float l) { return dist.weight(v, l); };
-    float const u = uniform(node, 1);
+    float const u = a.u_draw[node];
     int32_t token = sample_detail::block_row_sample(row, V, parts_of(node), dist, rejected,
                                                     n_rejected, u, sh);
     if (token < 0) {  // rounding only: stay inside the residual's support
@@ -241,9 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         int32_t const x = a.token[c];
         bool const in_vocab = x >= 0 && x < V;
-        float const qx = in_vocab ? __ldg(q + x) : 0.0f;
+        float const qx = in_vocab ? (loaded_by(c, n) ? a.child_q[c] : __ldg(q + x)) : 0.0f;
         float const rx = in_vocab ? sample_residual_weight(w_child(n, dist, c, x), qx, c_mass) : 0.0f;
-        if (sample_accept_sampled(uniform(c, 0), residual_mass, qx, rx)) {
+        if (sample_accept_sampled(a.u_accept[c], residual_mass, qx, rx)) {
           accepted = c;
           break;
         }
@@ -251,8 +274,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         residual_mass = sample_detail::block_weight_sum(row, V, residual, sh);
       }
       if (status != kSampleOk) break;
-      if (accepted < 0) {
-        float const u = uniform(n, 1);
+      if (accepted < 0 && c_mass == 0.0f) {
+        // No child was rejected (a leaf, or the path is full): the residual is the target's own
+        // distribution, drawn from the chunk partials as the deterministic correction is.
+        next_token = correction(n, dist);
+      } else if (accepted < 0) {
+        float const u = a.u_draw[n];
         next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u, sh);
         if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
       }
