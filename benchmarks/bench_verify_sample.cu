@@ -1,10 +1,11 @@
 // verify_sample: batch {1, 8, 64} x nodes {4, 16, 64} x V {32000, 163840}, deterministic and
 // sampled drafts, temperature 1 (filtered 1: with top-k 50 and top-p 0.9). Trees are chains
 // (top-k 1) whose drafts are the target argmax, so every node is accepted: the worst case (one
-// row visited per depth). bytes_per_launch = the
-// logit (and draft) rows the walk must read: B * N * V * 4 (x2 sampled) -- the fewest bytes when
-// every node is accepted. Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840); the largest
-// cases exceed L2 by themselves.
+// row visited per depth). BM_verify_sample_rejected: the same chains of 4 whose drafts the
+// target gives ~0, so the root's child is rejected and the correction drawn there (with sampled
+// drafts: from the residual). bytes_per_launch = the logit (and draft) rows the kernels must
+// read: B * N * V * 4 (x2 sampled). Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840);
+// the largest cases exceed L2 by themselves.
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -16,11 +17,8 @@ namespace {
 
 using namespace specdec;
 
-void BM_verify_sample(benchmark::State& state) {
-  int const B = static_cast<int>(state.range(0)), N = static_cast<int>(state.range(1));
-  int const V = static_cast<int>(state.range(2));
-  bool const sampled = state.range(3) != 0;
-  bool const filtered = state.range(4) != 0;
+void run_verify_sample(benchmark::State& state, int B, int N, int V, bool sampled, bool filtered,
+                       bool rejected) {
   size_t const rows = static_cast<size_t>(B) * N;
   testing::Rng rng(3);
   // Row i has a dominant token (i * 7919) % V so a chain of those tokens is accepted.
@@ -35,12 +33,13 @@ void BM_verify_sample(benchmark::State& state) {
     parents[r] = i - 1;
     depth[r] = i;
     fc[r] = i + 1 < N ? i + 1 : -1;
-    if (i > 0) tokens[r] = static_cast<int32_t>(((r - 1) * 7919 + 1) % V);
+    // Rejected: the token after the dominant one, whose logit is random and p ~ e^-60.
+    if (i > 0) tokens[r] = static_cast<int32_t>(((r - 1) * 7919 + 1 + (rejected ? 1 : 0)) % V);
   }
   std::vector<float> q;
   if (sampled) {
     q.assign(rows * V, 0.5f / V);
-    for (size_t r = 0; r < rows; ++r) q[r * V + (r * 7919 + 1) % V] += 0.5f;
+    for (size_t r = 0; r < rows; ++r) q[r * V + (r * 7919 + 1 + (rejected ? 1 : 0)) % V] += 0.5f;
   }
   DeviceBuffer<float> d_logits(all), d_q(q);
   DeviceBuffer<int32_t> d_tokens(tokens), d_parents(parents), d_depth(depth), d_fc(fc), d_ns(ns);
@@ -70,10 +69,25 @@ void BM_verify_sample(benchmark::State& state) {
     if (!status.ok()) state.SkipWithError(status.to_string().c_str());
   });
 }
+
+void BM_verify_sample(benchmark::State& state) {
+  run_verify_sample(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+                    static_cast<int>(state.range(2)), state.range(3) != 0, state.range(4) != 0,
+                    false);
+}
+
+void BM_verify_sample_rejected(benchmark::State& state) {
+  run_verify_sample(state, static_cast<int>(state.range(0)), 4, static_cast<int>(state.range(1)),
+                    state.range(2) != 0, false, true);
+}
+
 SPECDEC_CUDA_BENCHMARK(BM_verify_sample)
     ->ArgNames({"batch", "nodes", "vocab", "sampled", "filtered"})
     ->ArgsProduct({{1, 8, 64}, {4, 16, 64}, {32000, 163840}, {0}, {0}})
     ->ArgsProduct({{1, 8}, {4, 16}, {32000, 163840}, {1}, {0}})
     ->ArgsProduct({{1, 8, 64}, {4, 16}, {32000, 163840}, {0}, {1}});
+SPECDEC_CUDA_BENCHMARK(BM_verify_sample_rejected)
+    ->ArgNames({"batch", "vocab", "sampled"})
+    ->ArgsProduct({{1, 8}, {32000, 163840}, {0, 1}});
 
 }  // namespace

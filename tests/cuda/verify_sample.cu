@@ -60,7 +60,7 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
       {2, 1000, 777, 2, false},  {2, 1000, 777, 3, true},
   };
   float const temps[] = {0.0f, 0.7f, 1.3f};
-  int64_t compared = 0, skipped = 0;
+  int64_t compared = 0, skipped = 0, broken_links = 0;
   testing::Rng rng(77);
   for (Case cs : cases) {
     int accepted_in_case = 0;  // over all variants: at T > 0 a wide vocabulary rarely accepts
@@ -69,7 +69,13 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
       int const B = cs.batch, N = cs.nodes, V = cs.vocab;
       size_t const rows = static_cast<size_t>(B) * N;
       TreeHost t;
-      for (int b = 0; b < B; ++b) make_tree(rng, N, cs.topk, t, b);
+      for (int b = 0; b < B; ++b) {
+        make_tree(rng, N, cs.topk, t, b);
+        // Some requests' root child links back to the root: a bad tree once the walk tries the
+        // next sibling of that child (it happens when the child is rejected).
+        int32_t const c = t.first_child[static_cast<size_t>(b) * N];
+        if (b % 11 == 3 && c > 0) t.next_sibling[static_cast<size_t>(b) * N + c] = 0;
+      }
       // Target logits; sharpened so drafts are often accepted. Draft q = softmax(logits + noise).
       std::vector<float> logits = testing::random_logits(rng, rows, V, 4.0f);
       std::vector<float> q;
@@ -186,6 +192,7 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
         ++compared;
         accepted_in_case += num[b];
         leaves_in_case += status[b] == kSampleOk && num[b] == N - 1 ? 1 : 0;
+        broken_links += b % 11 == 3 && t.tree_status[b] == kTreeOk && status[b] == kSampleBadTree;
         CHECK(gstatus[b] == status[b]);
         bool same = gnum[b] == num[b] && gnext[b] == next[b];
         for (int i = 0; i < P; ++i) same = same && gpath[b * P + i] == path[b * P + i];
@@ -213,6 +220,8 @@ TEST_CASE("verify_sample: GPU matches the CPU reference over a sweep") {
                                                            << leaves_in_case);
     }
   }
-  MESSAGE("compared " << compared << ", near-boundary mismatches " << skipped);
+  MESSAGE("compared " << compared << ", near-boundary mismatches " << skipped
+                      << ", walks ended by a broken link " << broken_links);
   CHECK(skipped * 100 <= compared);
+  CHECK(broken_links > 0);
 }

@@ -8,14 +8,16 @@
 //      behind the partials kernel's tail;
 //   2. after the wait, one warp per row turns its chunk partials into the row's TargetDist and
 //      mass, then one thread per node its loaded logit into its weight;
-//   3. walks the tree of verify_sample/params.hpp from shared memory: O(1) per child (plus, for
-//      sampled drafts, one residual-mass pass per rejected child), then one inverse-CDF draw:
-//      one chunk scanned, except from a sampled draft's residual after a rejected child (block
-//      passes over the row).
-// Every thread takes the same decisions (shared values and block reductions hand every thread the
-// same values). Shapes: tokens [B, N], links [B, N], logits [B, N, V], draft_probs [B, N, V] or
-// nullptr, accepted_path [B, P], num_accepted [B], next_token [B], status [B], workspace
-// (sample_workspace_bytes of B * N rows, device memory).
+//   3. walks the tree of verify_sample/params.hpp from shared memory. Deterministic drafts: each
+//      node decides which child it would accept (one thread per node, in parallel), then thread
+//      0 follows the decisions from the root. Sampled drafts: the block walks, O(1) per child
+//      plus a residual-mass pass before each sibling of a rejected child. Then one inverse-CDF
+//      draw: one chunk scanned, except from a sampled draft's residual after a rejected child
+//      (block passes over the row).
+// Outside the deterministic walk every thread takes the same decisions (shared values and block
+// reductions hand every thread the same values). Shapes: tokens [B, N], links [B, N], logits
+// [B, N, V], draft_probs [B, N, V] or nullptr, accepted_path [B, P], num_accepted [B],
+// next_token [B], status [B], workspace (sample_workspace_bytes of B * N rows, device memory).
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
@@ -40,6 +42,7 @@ struct NodeArrays {
   int32_t* row_error;
   float* child_weight;    // the loaded child logit's weight in its parent's row
   float* child_q;         // sampled drafts: the child token's draft probability in that row
+  int32_t* decision;      // deterministic drafts: the node's accepted child (verify_sample_kernel)
   float* u_accept;        // the node's uniforms: its accept test (index 0), and the draw at it
   float* u_draw;          // (index 1)
   int32_t* token;
@@ -49,7 +52,7 @@ struct NodeArrays {
   int32_t* path;          // accepted nodes
 
   static constexpr size_t kBytesPerNode =
-      sizeof(uint64_t) + sizeof(TargetDist) + 5 * sizeof(float) + 6 * sizeof(int32_t);
+      sizeof(uint64_t) + sizeof(TargetDist) + 5 * sizeof(float) + 7 * sizeof(int32_t);
 
   __device__ static NodeArrays carve(void* base, int n) {
     NodeArrays a;
@@ -64,6 +67,7 @@ struct NodeArrays {
     take(a.row_error, sizeof(int32_t));
     take(a.child_weight, sizeof(float));
     take(a.child_q, sizeof(float));
+    take(a.decision, sizeof(int32_t));
     take(a.u_accept, sizeof(float));
     take(a.u_draw, sizeof(float));
     take(a.token, sizeof(int32_t));
@@ -175,29 +179,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (x < 0 || x >= V) return 0.0f;
     return loaded_by(c, node) ? a.child_weight[c] : dist.weight(x, __ldg(row_of(node) + x));
   };
-  // Deterministic drafts: node's children tried in sibling order, by the calling threads (the
-  // block, or warp 0 alone; `sync` is the matching barrier). Returns the accepted child or -1,
-  // with the distinct rejected tokens in rejected[0, n_rejected); a broken link sets status.
-  auto try_children = [&](int32_t node, TargetDist const& dist, float total, auto&& sync) {
-    n_rejected = 0;
+  // Deterministic drafts: node's children tried in sibling order by the calling thread alone
+  // (the children's tokens are distinct rejected tokens or repeats of them until one is
+  // accepted). Returns the accepted child, -1 when every child is rejected, kBrokenLink when a
+  // link is malformed. Which child a node accepts does not depend on the path to it, so every
+  // node decides in parallel (step 2c) and the walk follows the decisions.
+  constexpr int32_t kBrokenLink = -2;
+  auto decide = [&](int32_t node) {
+    TargetDist const& dist = a.row_dist[node];
+    float const total = a.row_mass[node];
     float rejected_mass = 0.0f;
-    int32_t const child0 = len < P ? a.first_child[node] : -1;
+    int32_t const child0 = a.first_child[node];
     for (int32_t c = child0, after = node; c != -1; after = c, c = a.next_sibling[c]) {
-      if (!verify_sample_link_ok(c, after, count)) {
-        status = kSampleBadTree;
-        return -1;
-      }
+      if (!verify_sample_link_ok(c, after, count)) return kBrokenLink;
       int32_t const x = a.token[c];
-      if (sample_detail::is_excluded(x, rejected, n_rejected)) continue;
+      bool repeat = false;  // an earlier sibling's token: rejected already
+      for (int32_t e = child0; e != c && !repeat; e = a.next_sibling[e]) repeat = a.token[e] == x;
+      if (repeat) continue;
       float const wx = w_child(node, dist, c, x);
       if (sample_accept_deterministic(a.u_accept[c], total - rejected_mass, wx)) return c;
-      sync();  // everyone has read the list before it grows
-      if (threadIdx.x == 0) rejected[n_rejected] = x;
-      sync();
-      ++n_rejected;
       rejected_mass += wx;
     }
-    return -1;
+    return int32_t{-1};
   };
   // Deterministic drafts, all rejected at node: the correction from w less the rejected tokens
   // (block-wide).
@@ -218,71 +221,81 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   bool walked = false;
   if (status == kSampleOk && p.draft_probs == nullptr) {
-    // Every row's distribution is in shared memory: warp 0 walks alone (32 times fewer issued
-    // instructions than the whole block taking the same decisions), then the block draws.
+    // 2c. Every node's decision (one thread per node; a row in error decides nothing).
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      if (a.row_error[i] == kSampleOk) a.decision[i] = decide(i);
+    }
+    __syncthreads();
+    // 3. Thread 0 follows the decisions from the root until a node accepts nothing or the path
+    //    is full, and lists the distinct tokens of that node's children (all rejected) unless the
+    //    path is full; then the block draws the correction.
     __shared__ int32_t walk[4];  // status, len, node where the walk stopped, its rejected count
-    if (threadIdx.x < 32) {
-      while (status == kSampleOk) {
+    if (threadIdx.x == 0) {
+      while (true) {
         status = a.row_error[n];
-        if (status != kSampleOk) break;
-        int32_t const accepted = try_children(n, a.row_dist[n], a.row_mass[n], [] { __syncwarp(); });
-        if (accepted < 0) break;
-        if (threadIdx.x == 0) a.path[len] = accepted;
-        ++len;
-        n = accepted;
+        if (status != kSampleOk || len >= P) break;
+        int32_t const d = a.decision[n];
+        if (d == kBrokenLink) status = kSampleBadTree;
+        if (d < 0) break;
+        a.path[len++] = d;
+        n = d;
       }
-      if (threadIdx.x == 0) walk[0] = status, walk[1] = len, walk[2] = n, walk[3] = n_rejected;
+      if (status == kSampleOk && len < P) {
+        for (int32_t c = a.first_child[n]; c != -1; c = a.next_sibling[c]) {
+          if (!sample_detail::is_excluded(a.token[c], rejected, n_rejected)) {
+            rejected[n_rejected++] = a.token[c];
+          }
+        }
+      }
+      walk[0] = status, walk[1] = len, walk[2] = n, walk[3] = n_rejected;
     }
     __syncthreads();
     status = walk[0], len = walk[1], n = walk[2], n_rejected = walk[3];
     if (status == kSampleOk) next_token = correction(n, a.row_dist[n]);
     walked = true;
   }
-  while (!walked && status == kSampleOk) {
+  while (!walked && status == kSampleOk) {  // sampled drafts: the block walks
     float const* row = row_of(n);
     TargetDist const dist = a.row_dist[n];
     float const total = a.row_mass[n];
     status = a.row_error[n];
     if (status != kSampleOk) break;
     int32_t accepted = -1;
-    if (p.draft_probs == nullptr) {
-      accepted = try_children(n, dist, total, [] { __syncthreads(); });
-      if (status != kSampleOk) break;
-      if (accepted < 0) next_token = correction(n, dist);
-    } else {
-      auto w = [&](int v, float l) { return dist.weight(v, l); };
-      float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
-      float c_mass = 0.0f, residual_mass = total;
-      auto residual = [&](int v, float l) {
-        return sample_residual_weight(dist.weight(v, l), __ldg(q + v), c_mass);
-      };
-      int32_t const child0 = len < P ? a.first_child[n] : -1;
-      for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
-        if (!verify_sample_link_ok(c, after, count)) {
-          status = kSampleBadTree;
-          break;
-        }
-        int32_t const x = a.token[c];
-        bool const in_vocab = x >= 0 && x < V;
-        float const qx = in_vocab ? (loaded_by(c, n) ? a.child_q[c] : __ldg(q + x)) : 0.0f;
-        float const rx = in_vocab ? sample_residual_weight(w_child(n, dist, c, x), qx, c_mass) : 0.0f;
-        if (sample_accept_sampled(a.u_accept[c], residual_mass, qx, rx)) {
-          accepted = c;
-          break;
-        }
-        c_mass += residual_mass;
-        residual_mass = sample_detail::block_weight_sum(row, V, residual, sh);
+    auto w = [&](int v, float l) { return dist.weight(v, l); };
+    float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
+    float c_mass = 0.0f, residual_mass = total;
+    bool summed = true;  // residual_mass is the current residual's (summed when a sibling needs it)
+    auto residual = [&](int v, float l) {
+      return sample_residual_weight(dist.weight(v, l), __ldg(q + v), c_mass);
+    };
+    int32_t const child0 = len < P ? a.first_child[n] : -1;
+    for (int32_t c = child0, after = n; c != -1; after = c, c = a.next_sibling[c]) {
+      if (!verify_sample_link_ok(c, after, count)) {
+        status = kSampleBadTree;
+        break;
       }
-      if (status != kSampleOk) break;
-      if (accepted < 0 && c_mass == 0.0f) {
-        // No child was rejected (a leaf, or the path is full): the residual is the target's own
-        // distribution, drawn from the chunk partials as the deterministic correction is.
-        next_token = correction(n, dist);
-      } else if (accepted < 0) {
-        float const u = a.u_draw[n];
-        next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u, sh);
-        if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
+      if (!summed) residual_mass = sample_detail::block_weight_sum(row, V, residual, sh);
+      summed = true;
+      int32_t const x = a.token[c];
+      bool const in_vocab = x >= 0 && x < V;
+      float const qx = in_vocab ? (loaded_by(c, n) ? a.child_q[c] : __ldg(q + x)) : 0.0f;
+      float const rx = in_vocab ? sample_residual_weight(w_child(n, dist, c, x), qx, c_mass) : 0.0f;
+      if (sample_accept_sampled(a.u_accept[c], residual_mass, qx, rx)) {
+        accepted = c;
+        break;
       }
+      c_mass += residual_mass;
+      summed = false;
+    }
+    if (status != kSampleOk) break;
+    if (accepted < 0 && c_mass == 0.0f) {
+      // No child was rejected (a leaf, or the path is full): the residual is the target's own
+      // distribution, drawn from the chunk partials as the deterministic correction is.
+      next_token = correction(n, dist);
+    } else if (accepted < 0) {
+      float const u = a.u_draw[n];
+      next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u, sh);
+      if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
     }
     if (accepted < 0) break;
     if (threadIdx.x == 0) a.path[len] = accepted;
