@@ -8,13 +8,14 @@
 //      behind the partials kernel's tail;
 //   2. after the wait, one warp per row turns its chunk partials into the row's TargetDist and
 //      mass, then one thread per node its loaded logit into its weight;
-//   3. walks the tree of verify_sample/params.hpp from shared memory. Deterministic drafts: each
-//      node decides which child it would accept (one thread per node, in parallel), then thread
-//      0 follows the decisions from the root. Sampled drafts: the block walks, O(1) per child
-//      plus a residual-mass pass before each sibling of a rejected child. Then one inverse-CDF
+//   3. walks the tree of verify_sample/params.hpp from shared memory: each node decides which
+//      child it would accept (one thread per node, in parallel; sampled drafts: whether its
+//      first child passes), then thread 0 follows the decisions from the root. Sampled drafts:
+//      from the first node whose first child fails, the block walks, O(1) per child plus a
+//      residual-mass pass before each sibling of a rejected child. Then one inverse-CDF
 //      draw: one chunk scanned, except from a sampled draft's residual after a rejected child
 //      (block passes over the row).
-// Outside the deterministic walk every thread takes the same decisions (shared values and block
+// Outside thread 0's walk every thread takes the same decisions (shared values and block
 // reductions hand every thread the same values). Shapes: tokens [B, N], links [B, N], logits
 // [B, N, V], draft_probs [B, N, V] or nullptr, accepted_path [B, P], num_accepted [B],
 // next_token [B], status [B], workspace (sample_workspace_bytes of B * N rows, device memory).
@@ -42,7 +43,7 @@ struct NodeArrays {
   int32_t* row_error;
   float* child_weight;    // the loaded child logit's weight in its parent's row
   float* child_q;         // sampled drafts: the child token's draft probability in that row
-  int32_t* decision;      // deterministic drafts: the node's accepted child (verify_sample_kernel)
+  int32_t* decision;      // the child the node accepts (verify_sample_kernel's step 2c)
   float* u_accept;        // the node's uniforms: its accept test (index 0), and the draw at it
   float* u_draw;          // (index 1)
   int32_t* token;
@@ -202,6 +203,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return int32_t{-1};
   };
+  // Sampled drafts: node's first child if its accept test (no sibling rejected yet) passes, else
+  // -1 (a rejected first child or a malformed link: the block's walk takes the node from there).
+  auto decide_first = [&](int32_t node) {
+    int32_t const c = a.first_child[node];
+    if (c == -1 || !verify_sample_link_ok(c, node, count)) return int32_t{-1};
+    int32_t const x = a.token[c];
+    if (x < 0 || x >= V) return int32_t{-1};  // q_x = 0: never accepted
+    float const qx =
+        loaded_by(c, node) ? a.child_q[c] : __ldg(p.draft_probs + (row0 + node) * V + x);
+    float const rx = sample_residual_weight(w_child(node, a.row_dist[node], c, x), qx, 0.0f);
+    return sample_accept_sampled(a.u_accept[c], a.row_mass[node], qx, rx) ? c : int32_t{-1};
+  };
   // Deterministic drafts, all rejected at node: the correction from w less the rejected tokens
   // (block-wide).
   auto correction = [&](int32_t node, TargetDist const& dist) {
@@ -219,16 +232,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (token < 0) token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
     return token;
   };
+  bool const sampled = p.draft_probs != nullptr;
   bool walked = false;
-  if (status == kSampleOk && p.draft_probs == nullptr) {
+  if (status == kSampleOk) {
     // 2c. Every node's decision (one thread per node; a row in error decides nothing).
     for (int i = threadIdx.x; i < count; i += kThreads) {
-      if (a.row_error[i] == kSampleOk) a.decision[i] = decide(i);
+      if (a.row_error[i] == kSampleOk) a.decision[i] = sampled ? decide_first(i) : decide(i);
     }
     __syncthreads();
     // 3. Thread 0 follows the decisions from the root until a node accepts nothing or the path
-    //    is full, and lists the distinct tokens of that node's children (all rejected) unless the
-    //    path is full; then the block draws the correction.
+    //    is full. Deterministic drafts: it lists the distinct tokens of that node's children (all
+    //    rejected) unless the path is full, then the block draws the correction. Sampled drafts:
+    //    the block's walk goes on from that node.
     __shared__ int32_t walk[4];  // status, len, node where the walk stopped, its rejected count
     if (threadIdx.x == 0) {
       while (true) {
@@ -240,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         a.path[len++] = d;
         n = d;
       }
-      if (status == kSampleOk && len < P) {
+      if (!sampled && status == kSampleOk && len < P) {
         for (int32_t c = a.first_child[n]; c != -1; c = a.next_sibling[c]) {
           if (!sample_detail::is_excluded(a.token[c], rejected, n_rejected)) {
             rejected[n_rejected++] = a.token[c];
@@ -251,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     status = walk[0], len = walk[1], n = walk[2], n_rejected = walk[3];
-    if (status == kSampleOk) next_token = correction(n, a.row_dist[n]);
-    walked = true;
+    if (!sampled && status == kSampleOk) next_token = correction(n, a.row_dist[n]);
+    walked = !sampled;
   }
   while (!walked && status == kSampleOk) {  // sampled drafts: the block walks
     float const* row = row_of(n);
