@@ -3,9 +3,10 @@
 // (top-k 1) whose drafts are the target argmax, so every node is accepted: the worst case (one
 // row visited per depth). BM_verify_sample_rejected: the same chains of 4 whose drafts the
 // target gives ~0, so the root's child is rejected and the correction drawn there (with sampled
-// drafts: from the residual). bytes_per_launch = the logit (and draft) rows the kernels must
-// read: B * N * V * 4 (x2 sampled). Inputs are not rotated (up to 2.7 GB at 64 x 64 x 163840);
-// the largest cases exceed L2 by themselves.
+// drafts: from the residual). bytes_per_launch = what the kernels must read: the logit rows,
+// B * N * V * 4, and with sampled drafts rejected at the root each request's root draft row
+// (the residual's), B * V * 4 (accepted drafts need one draft probability each). Inputs are not
+// rotated (up to 2.7 GB at 64 x 64 x 163840); the largest cases exceed L2 by themselves.
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -63,7 +64,7 @@ void run_verify_sample(benchmark::State& state, int B, int N, int V, bool sample
   DeviceBuffer<uint64_t> workspace((ops::verify_sample_workspace_bytes(B, N, V) + 7) / 8);
   p.workspace = workspace.data();
   p.workspace_bytes = workspace.size() * sizeof(uint64_t);
-  double const bytes = static_cast<double>(rows) * V * 4.0 * (sampled ? 2 : 1);
+  double const bytes = (static_cast<double>(rows) + (sampled && rejected ? B : 0)) * V * 4.0;
   bench::time_launches(state, bytes, [&](int, cudaStream_t stream) {
     Status const status = ops::verify_sample(CudaExecutor{stream}, p);
     if (!status.ok()) state.SkipWithError(status.to_string().c_str());
