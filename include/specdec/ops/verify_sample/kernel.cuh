@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float const rx = sample_residual_weight(w_child(node, a.row_dist[node], c, x), qx, 0.0f);
     return sample_accept_sampled(a.u_accept[c], a.row_mass[node], qx, rx) ? c : int32_t{-1};
   };
-  // Deterministic drafts, all rejected at node: the correction from w less the rejected tokens
-  // (block-wide).
+  // The draw at node from w less the rejected tokens (block-wide): deterministic drafts'
+  // correction, and with sampled drafts the bonus where no child was rejected.
   auto correction = [&](int32_t node, TargetDist const& dist) {
     if (dist.greedy_token >= 0 && !sample_detail::is_excluded(dist.greedy_token, rejected, n_rejected)) {
       return dist.greedy_token;  // what the one-hot inverse CDF returns for any u
