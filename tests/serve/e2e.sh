@@ -218,6 +218,11 @@ expect_status "POST /v1/completions with an ignored field, again" 200
 n=$(grep -c "a request carries 'max_token', which this server ignores" "$WORK/server.log")
 [[ $n == 1 ]] || fail "the ignored field 'max_token': logged $n times (expected once)"
 pass "an ignored request field ('max_token') is served as if absent and logged once"
+req POST /generate '{"text": "hi", "sampling_params": {"max_new_tokens": 2, "temperature": 0, "max_new_token": 2}}'
+expect_status "POST /generate with an ignored sampling field" 200
+n=$(grep -c "a request carries 'sampling_params.max_new_token', which this server ignores" "$WORK/server.log")
+[[ $n == 1 ]] || fail "the ignored field 'sampling_params.max_new_token': logged $n times (expected once)"
+pass "an ignored field inside sampling_params is named by its path in the log"
 
 COMP='{"model": "tiny", "prompt": "hello", "max_tokens": 16, "temperature": 0, "ignore_eos": true}'
 req POST /v1/completions "$COMP"

@@ -201,13 +201,20 @@ TEST_CASE("ignored_fields: a top-level field no rule reads, e.g. a typo, is name
       accept(Endpoint::kCompletions, R"({"prompt": "x", "max_token": 5, "temperature": null})");
   CHECK(r.sampling.max_tokens == kDefaultMaxTokens);
   CHECK(r.ignored_fields == std::vector<std::string>{"max_token"});  // null is "not given": read
-  // Only the top level: an unknown key inside sampling_params or a message is not listed.
-  ParsedRequest const g = accept(
-      Endpoint::kGenerate, R"({"input_ids": [1, 2], "sampling_params": {"foo": 1}, "bar": []})");
-  CHECK(g.ignored_fields == std::vector<std::string>{"bar"});
-  ParsedRequest const c = accept(Endpoint::kChatCompletions,
-                                 R"({"messages": [{"role": "user", "content": "x", "foo": 1}]})");
-  CHECK(c.ignored_fields.empty());
+  // Inside the objects a rule reads, by path (an array's elements as "[]"); an ignored field's
+  // own contents are not searched.
+  ParsedRequest const g = accept(Endpoint::kGenerate, R"({"input_ids": [1, 2],
+      "sampling_params": {"foo": 1, "temperature": 0}, "bar": {"baz": 1}})");
+  CHECK(g.ignored_fields == std::vector<std::string>{"bar", "sampling_params.foo"});
+  ParsedRequest const c = accept(Endpoint::kChatCompletions, R"({"messages": [
+      {"role": "user", "content": "x", "foo": 1},
+      {"role": "user", "content": [{"type": "text", "text": "y", "cache_control": {}}],
+       "foo": 2}]})");
+  CHECK(c.ignored_fields ==
+        std::vector<std::string>{"messages[].foo", "messages[].content[].cache_control"});
+  ParsedRequest const known = accept(Endpoint::kChatCompletions,
+                                     R"({"messages": [{"role": "user", "content": "x"}]})");
+  CHECK(known.ignored_fields.empty());
   // A refused request fills nothing.
   ParsedRequest bad;
   CHECK(parse(Endpoint::kCompletions, R"({"prompt": "x", "max_token": 5, "n": 2})", &bad));
@@ -278,7 +285,7 @@ TEST_CASE("parse_chat_completions: every field") {
   CHECK_FALSE(r.sampling.ignore_eos);
   CHECK(r.stream);
   CHECK_FALSE(r.include_usage);
-  CHECK(r.ignored_fields == std::vector<std::string>{"parallel_tool_calls"});
+  CHECK(r.ignored_fields == std::vector<std::string>{"messages[].name", "parallel_tool_calls"});
 }
 
 TEST_CASE("parse_chat_completions: max_tokens and its alias max_completion_tokens") {

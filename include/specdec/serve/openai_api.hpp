@@ -9,7 +9,8 @@
 //       status, OpenAI error type, a message naming the field, its value and the allowed range
 //       or the fix, and param = the field's path such as "messages[2].content") and leaves *req
 //       untouched. Unknown fields are ignored (as OpenAI's clients expect) and named in
-//       req.ignored_fields, for the server to report; known fields this server cannot honour (echo,
+//       req.ignored_fields by their paths ("user", "sampling_params.foo", "messages[].name"),
+//       for the server to report; known fields this server cannot honour (echo,
 //       logprobs, best_of > 1, suffix, tools, penalties, vLLM's min_tokens, guided_* and
 //       skip_special_tokens false, ...) are refused with 400 when given a value other than their
 //       default, never dropped; so are /generate's sampling fields outside sampling_params (and
@@ -57,6 +58,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -135,9 +137,10 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage (only with stream)
   std::optional<std::string> rid;  // /generate's request id
-  // Top-level fields no rule of the endpoint reads (a typo such as "max_token", or a field
-  // OpenAI's clients send that changes nothing here, such as "user"), in key order: served as if
-  // absent, listed so the server can say so.
+  // Fields no rule of the endpoint reads (a typo such as "max_token", or a field OpenAI's
+  // clients send that changes nothing here, such as "user"), by path in key order: at the top
+  // level and inside every object a rule reads fields of ("sampling_params.foo"; an array's
+  // elements as "messages[].name"). Served as if absent, listed so the server can say so.
   std::vector<std::string> ignored_fields;
 };
 
@@ -212,19 +215,21 @@ inline ApiError unsupported(std::string const& path, json const& got, std::strin
   return e;
 }
 
-// The keys of a request's top-level object that field() was asked for, while a parse runs on
-// this thread (with_json_object): the rest are ParsedRequest::ignored_fields.
-struct TopLevelReads {
-  json const* top = nullptr;
-  std::vector<std::string> keys;
-};
-inline thread_local TopLevelReads* top_level_reads = nullptr;
+// The (object, key) pairs field() was asked for while a parse runs on this thread
+// (with_json_object): the other keys of those objects and of the top level are
+// ParsedRequest::ignored_fields.
+using FieldRead = std::pair<json const*, std::string>;
+using FieldReads = std::vector<FieldRead>;
+inline thread_local FieldReads* field_reads = nullptr;
+// FieldReads' order: by object (std::less: a total order on pointers), then key.
+inline bool read_before(FieldRead const& a, FieldRead const& b) {
+  if (a.first != b.first) return std::less<json const*>{}(a.first, b.first);
+  return a.second < b.second;
+}
 
 // The field `key` of `obj`, or nullptr when it is absent or null.
 inline json const* field(json const& obj, std::string_view key) {
-  if (top_level_reads != nullptr && &obj == top_level_reads->top) {
-    top_level_reads->keys.emplace_back(key);
-  }
+  if (field_reads != nullptr) field_reads->emplace_back(&obj, key);
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return nullptr;
   return &*it;
@@ -644,9 +649,32 @@ inline std::optional<ApiError> read_messages(json const& obj, std::vector<Messag
   return std::nullopt;
 }
 
+// The keys no rule read, by path (ParsedRequest::ignored_fields), under `v` at `path`: an
+// object's unread keys where it is the top level or a rule read any of its fields, and the
+// values of the keys read, searched the same way. reads: sorted by read_before.
+inline void collect_ignored(json const& v, std::string const& path, bool top,
+                            FieldReads const& reads, std::vector<std::string>* out) {
+  if (v.is_array()) {
+    for (json const& e : v) collect_ignored(e, path + "[]", false, reads, out);
+    return;
+  }
+  if (!v.is_object()) return;
+  auto const first = std::lower_bound(reads.begin(), reads.end(), FieldRead{&v, ""}, read_before);
+  bool const inspected = top || (first != reads.end() && first->first == &v);
+  if (!inspected) return;
+  for (auto const& [key, value] : v.items()) {
+    std::string const at = path_of(path, key);
+    if (std::binary_search(first, reads.end(), FieldRead{&v, key}, read_before)) {
+      collect_ignored(value, at, false, reads, out);
+    } else if (std::find(out->begin(), out->end(), at) == out->end()) {  // once per path
+      out->push_back(at);
+    }
+  }
+}
+
 // Parses `body` as a JSON object and runs `fn` on it (which fills *out on success; then the
-// object's keys `fn` never asked field() for are added to out->ignored_fields); every exception
-// stops here.
+// fields `fn` never asked field() for are added to out->ignored_fields: collect_ignored); every
+// exception stops here.
 template <class Fn>
 std::optional<ApiError> with_json_object(std::string_view body, ParsedRequest* out, Fn&& fn) {
   try {
@@ -662,19 +690,15 @@ std::optional<ApiError> with_json_object(std::string_view body, ParsedRequest* o
       return invalid(std::string("the request body must be a JSON object, got ") + j.type_name(),
                      "");
     }
-    TopLevelReads reads{&j, {}};
-    top_level_reads = &reads;
+    FieldReads reads;
+    field_reads = &reads;
     struct Unset {
-      ~Unset() { top_level_reads = nullptr; }
+      ~Unset() { field_reads = nullptr; }
     } const unset;
     std::optional<ApiError> e = fn(j);
     if (!e) {  // fn filled *out
-      std::sort(reads.keys.begin(), reads.keys.end());
-      for (auto const& [key, value] : j.items()) {
-        if (!std::binary_search(reads.keys.begin(), reads.keys.end(), key)) {
-          out->ignored_fields.push_back(key);
-        }
-      }
+      std::sort(reads.begin(), reads.end(), read_before);
+      collect_ignored(j, "", true, reads, &out->ignored_fields);
     }
     return e;
   } catch (std::exception const& e) {
