@@ -233,7 +233,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     return token;
   };
   bool const sampled = p.draft_probs != nullptr;
-  bool walked = false;
   if (status == kSampleOk) {
     // 2c. Every node's decision (one thread per node; a row in error decides nothing).
     for (int i = threadIdx.x; i < count; i += kThreads) {
@@ -267,9 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     status = walk[0], len = walk[1], n = walk[2], n_rejected = walk[3];
     if (!sampled && status == kSampleOk) next_token = correction(n, a.row_dist[n]);
-    walked = !sampled;
   }
-  while (!walked && status == kSampleOk) {  // sampled drafts: the block walks
+  while (sampled && status == kSampleOk) {  // sampled drafts: the block walks on
     float const* row = row_of(n);
     TargetDist const dist = a.row_dist[n];
     float const total = a.row_mass[n];
