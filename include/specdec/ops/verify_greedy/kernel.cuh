@@ -3,9 +3,11 @@
 //     argmax_scratch [B, N] with 16-byte streaming loads. When B*N is small a row is split over a
 //     thread-block cluster of `split` blocks (sm_90) that combine through distributed shared
 //     memory, so a handful of rows still keeps the memory system busy.
-//   kernel 2 (verify_greedy_accept_kernel): one block per request, one thread per node. Each
-//     thread walks its ancestors (bounded by depth) checking tokens against the parents' argmax;
-//     a block max-reduction over accept_key(depth, node) picks the deepest accepted node.
+//   kernel 2 (verify_greedy_accept_kernel): one block per request, one thread per node. The
+//     tree goes into shared memory before the programmatic wait (behind the argmax kernel's
+//     tail), the argmax after it. Each thread walks its ancestors (bounded by depth) checking
+//     tokens against the parents' argmax; a block max-reduction over accept_key(depth, node)
+//     picks the deepest accepted node.
 // Launches never synchronise or read device data on the host (graph-capturable).
 #pragma once
 
@@ -131,10 +133,25 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // grid.x = B, blockDim.x = min(1024, N rounded up to a warp).
 static __global__ void __launch_bounds__(kAcceptMaxThreads)
     verify_greedy_accept_kernel(__grid_constant__ VerifyGreedyParams const p) {
-  await_prior_kernels();
   int const b = blockIdx.x, nodes = p.tree.nodes, cap = p.out.path_capacity;
   int const tid = threadIdx.x;
+  __shared__ int32_t tokens[kVerifyGreedyMaxNodes];
+  __shared__ int32_t parents[kVerifyGreedyMaxNodes];
+  __shared__ int32_t depths[kVerifyGreedyMaxNodes];
+  __shared__ int32_t argmax[kVerifyGreedyMaxNodes];
+  __shared__ uint32_t warp_best[kAcceptMaxThreads / 32];
+  __shared__ uint32_t best_key;
+  // The request's tree is the op's input, read before the wait: this kernel follows the argmax
+  // kernel, whose blocks passed their own wait first, or a copy (a full dependency), so the
+  // kernels that wrote it are complete (core/cuda.cuh). Only argmax_scratch needs the wait.
   int const n = verify_greedy_request_nodes(p, b);
+  int64_t const base = static_cast<int64_t>(b) * nodes;
+  for (int i = tid; i < n; i += blockDim.x) {
+    tokens[i] = p.tree.tokens[base + i];
+    parents[i] = p.tree.parents[base + i];
+    depths[i] = min(max(p.links.depth[base + i], 0), n - 1);
+  }
+  await_prior_kernels();
   int32_t* path = p.out.accepted_path + static_cast<int64_t>(b) * cap;
   if (n == 0) {  // skipped request (uniform over the block)
     for (int k = tid; k < cap; k += blockDim.x) path[k] = k == 0 ? 0 : -1;
@@ -144,21 +161,11 @@ static __global__ void __launch_bounds__(kAcceptMaxThreads)
     }
     return;
   }
-  __shared__ int32_t tokens[kVerifyGreedyMaxNodes];
-  __shared__ int32_t parents[kVerifyGreedyMaxNodes];
-  __shared__ int32_t argmax[kVerifyGreedyMaxNodes];
-  __shared__ uint32_t warp_best[kAcceptMaxThreads / 32];
-  __shared__ uint32_t best_key;
-  int64_t const base = static_cast<int64_t>(b) * nodes;
-  for (int i = tid; i < n; i += blockDim.x) {
-    tokens[i] = p.tree.tokens[base + i];
-    parents[i] = p.tree.parents[base + i];
-    argmax[i] = p.argmax_scratch[base + i];
-  }
+  for (int i = tid; i < n; i += blockDim.x) argmax[i] = p.argmax_scratch[base + i];
   __syncthreads();
   uint32_t key = 0;
   for (int i = tid; i < n; i += blockDim.x) {
-    int const d = min(max(p.links.depth[base + i], 0), n - 1);
+    int const d = depths[i];
     int node = i;
     bool ok = true;
     for (int s = 0; s < d && ok; ++s) {  // at most N-1 steps
