@@ -88,20 +88,27 @@ __device__ __forceinline__ void await_prior_kernels() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with `attribute` when `use` (else none); the
+// kernel<<<grid, block, smem, stream>>>(args...) with the first `count` of `attributes`; the
 // launch's status names `name`.
 template <class... Params, class... Args>
-Status launch_with_attribute(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
-                             size_t smem, cudaStream_t stream, cudaLaunchAttribute attribute,
-                             bool use, Args&&... args) {
+Status launch_with_attributes(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              size_t smem, cudaStream_t stream, cudaLaunchAttribute* attributes,
+                              unsigned count, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = use ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
+
+inline cudaLaunchAttribute programmatic_launch_attribute() {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  return attribute;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch when it is
@@ -109,27 +116,40 @@ Status launch_with_attribute(char const* name, void (*kernel)(Params...), dim3 g
 template <class... Params, class... Args>
 Status launch_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                      size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  return launch_with_attribute(name, kernel, grid, block, smem, stream, attribute,
-                               programmatic_launch(), std::forward<Args>(args)...);
+  cudaLaunchAttribute attribute = programmatic_launch_attribute();
+  return launch_with_attributes(name, kernel, grid, block, smem, stream, &attribute,
+                                programmatic_launch() ? 1u : 0u, std::forward<Args>(args)...);
 }
 
+// Whether a cluster launch may use programmatic dependent launch: kAwaits for a kernel that keeps
+// launch_kernel's contract (await_prior_kernels() at its top), kInOrder for one that reads
+// earlier kernels' output without waiting.
+enum class ClusterLaunch { kInOrder, kAwaits };
+
 // kernel<<<grid, block, smem, stream>>>(args...) with blocks in thread-block clusters of
-// `cluster` along x (sm_90+; grid.x a multiple of it; 1: no cluster attribute, any device).
-// Clusters beyond the portable 8 need the kernel's NonPortableClusterSizeAllowed attribute,
-// which the caller sets. The launch's status names `name`.
+// `cluster` along x (sm_90+; grid.x a multiple of it; 1: no cluster attribute, any device), and
+// with programmatic dependent launch when it is on and `order` is kAwaits. Clusters beyond the
+// portable 8 need the kernel's NonPortableClusterSizeAllowed attribute, which the caller sets.
+// The launch's status names `name`.
 template <class... Params, class... Args>
 Status launch_cluster_kernel(char const* name, void (*kernel)(Params...), dim3 grid, dim3 block,
-                             size_t smem, cudaStream_t stream, int cluster, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  return launch_with_attribute(name, kernel, grid, block, smem, stream, attribute, cluster > 1,
-                               std::forward<Args>(args)...);
+                             size_t smem, cudaStream_t stream, int cluster, ClusterLaunch order,
+                             Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (cluster > 1) {
+    attributes[count] = cudaLaunchAttribute{};
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (order == ClusterLaunch::kAwaits && programmatic_launch()) {
+    attributes[count++] = programmatic_launch_attribute();
+  }
+  return launch_with_attributes(name, kernel, grid, block, smem, stream, attributes, count,
+                                std::forward<Args>(args)...);
 }
 
 inline bool cuda_device_available() {

@@ -425,7 +425,7 @@ inline Status draft_attention(DraftAttentionParams const& p, cudaStream_t stream
   auto const kernel =
       p.head_dim <= 128 ? draft_attention_kernel<4> : draft_attention_kernel<kDimsPerLane>;
   return launch_cluster_kernel("draft_attention", kernel, grid, kAttentionWarps * 32, 0, stream,
-                               split, p, split);
+                               split, ClusterLaunch::kInOrder, p, split);
 }
 
 // The metadata of proposal step `step` >= 1 when the proposal's tree lives on the device

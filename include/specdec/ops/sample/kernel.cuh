@@ -1009,8 +1009,9 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
   }
   return launch_cluster_kernel("sample_row_thresholds_kernel", kernel,
                                dim3(static_cast<unsigned>(blocks)), kSampleThresholdThreads, smem,
-                               stream, split.blocks, logits, vocab, rows_per_request, config,
-                               split, static_cast<SampleChunkPartial*>(workspace),
+                               stream, split.blocks, ClusterLaunch::kInOrder, logits, vocab,
+                               rows_per_request, config, split,
+                               static_cast<SampleChunkPartial*>(workspace),
                                sample_min_keys(workspace, rows, vocab));
 }
 

@@ -8,6 +8,9 @@
 //     tail), the argmax after it. Each thread walks its ancestors (bounded by depth) checking
 //     tokens against the parents' argmax; a block max-reduction over accept_key(depth, node)
 //     picks the deepest accepted node.
+// The accept kernel launches with programmatic dependent launch (core/cuda.cuh), and so does the
+// argmax kernel where it splits rows over clusters (few rows, where its launch shows), so their
+// blocks are in place when the kernel before ends; with whole rows a block each, in order.
 // Launches never synchronise or read device data on the host (graph-capturable).
 #pragma once
 
@@ -238,7 +241,10 @@ inline Status verify_greedy_cuda(VerifyGreedyParams const& p, cudaStream_t strea
                                 : d::verify_greedy_argmax_kernel<d::kRowUnroll>;
   SPECDEC_RETURN_IF_ERROR(launch_cluster_kernel("verify_greedy_argmax_kernel", argmax,
                                                 dim3(static_cast<unsigned>(rows * split)),
-                                                d::kArgmaxThreads, 0, stream, split, p, split));
+                                                d::kArgmaxThreads, 0, stream, split,
+                                                split > 1 ? ClusterLaunch::kAwaits
+                                                          : ClusterLaunch::kInOrder,
+                                                p, split));
   return launch_kernel("verify_greedy_accept_kernel", d::verify_greedy_accept_kernel,
                        dim3(p.tree.batch), threads, 0, stream, p);
 }
