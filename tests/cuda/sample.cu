@@ -132,15 +132,17 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
 }
 
 TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exactly)") {
-  // Rows split over 1 block (no cluster), 3 and 16 blocks; logits continuous, on a grid of 1/4
-  // (many ties at the thresholds: some chosen distance bins hold more keys than the candidate
+  // Rows split over 1 block (no cluster), 3, 4, 8 and 16 blocks; logits continuous, on a grid of
+  // 1/4 (many ties at the thresholds: some chosen distance bins hold more keys than the candidate
   // list, so both selects run) and flat (every key in one distance bin: the radix passes);
-  // V = 300000 re-reads its slices instead of caching them (the radix passes).
+  // V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices instead of
+  // caching them (the radix passes).
   enum Logits { kContinuous, kGrid, kFlat };
   struct Case { int vocab, max_blocks; Logits logits; };
   Case const cases[] = {{1003, 1, kContinuous},   {32000, 3, kGrid},       {32000, 16, kContinuous},
                         {163840, 16, kGrid},      {163840, 1, kContinuous}, {300000, 16, kGrid},
-                        {163840, 16, kFlat},      {32000, 8, kContinuous}};
+                        {163840, 16, kFlat},      {32000, 8, kContinuous},
+                        {163840, 4, kGrid}};
   struct Setting { int32_t top_k; float top_p; };
   Setting const settings[] = {{1, 1.0f}, {50, 1.0f},  {4000, 1.0f}, {0, 0.5f},
                               {0, 0.9f}, {0, 0.99f}, {50, 0.9f},   {4000, 0.3f}};

@@ -24,6 +24,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -805,6 +806,21 @@ inline SampleThresholdSplit sample_threshold_split(int vocab, int max_blocks) {
   return s;
 }
 
+// Blocks per row where the caller does not choose (devices with clusters): the largest cluster
+// while the rows are few; from kSampleManyRows rows on, slices of about kSampleManyRowsChunks
+// chunks re-read from L2 (V = 32000: one block, V = 163840: 4), since once the rows alone fill
+// the GPU a row's cluster barriers and remote reads cost more than the parallelism they add.
+// Measured on an H100 (benchmarks/RESULTS.md, "Top-k / top-p thresholds: fewer blocks a row for
+// many rows"): at 128-1024 rows 0.40-0.48x (V = 32000) and 0.65-0.81x (V = 163840) of the
+// largest cluster's time; at 64 rows of V = 163840 the largest cluster is still 0.75x of 4
+// blocks.
+constexpr int64_t kSampleManyRows = 128;
+constexpr int kSampleManyRowsChunks = 10;
+inline int sample_threshold_blocks(int64_t rows, int vocab) {
+  if (rows < kSampleManyRows) return kSampleMaxCluster;
+  return std::min(kSampleMaxCluster, ceil_div(sample_chunks(vocab), kSampleManyRowsChunks));
+}
+
 // grid.x = rows * split.blocks: block i serves row i / split.blocks (request row /
 // rows_per_request), slice i % split.blocks. Dynamic shared memory: the slice's keys when
 // split.cached. Rows without top-k / top-p, greedy rows and rows with invalid settings are left
@@ -970,7 +986,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Launches sample_row_thresholds_kernel over `rows` rows, at most `max_blocks` blocks per row
-// (0: kSampleMaxCluster where the device has clusters, else 1); nothing when the config has
+// (0: sample_threshold_blocks where the device has clusters, else 1); nothing when the config has
 // neither top-k nor top-p arrays.
 inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, int vocab,
                                            int rows_per_request, SamplingConfig const& config,
@@ -980,7 +996,7 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
   if (max_blocks <= 0) {
     bool clusters = false;
     SPECDEC_RETURN_IF_ERROR(current_device_has_clusters(clusters));
-    max_blocks = clusters ? kSampleMaxCluster : 1;
+    max_blocks = clusters ? sample_threshold_blocks(rows, vocab) : 1;
   }
   if (max_blocks > kSampleMaxCluster) {
     return Status::InvalidArgument("sample: " + std::to_string(max_blocks) +
