@@ -80,14 +80,17 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
   testing::Rng rng(2024);
   for (Size s : sizes) {
     for (float t : temps) {
-      // plain, top_p 0.9, top_k 50, both; 4: no top-k / top-p arrays (no threshold launch)
-      for (int variant = 0; variant < 5; ++variant) {
+      // plain, top_p 0.9, top_k 50 (candidate lists), top_k 1000 + top_p 0.8 (the whole-row
+      // passes); 4: no top-k / top-p arrays (no threshold launch); 5: top_k 20 + top_p 0.9 (lists)
+      for (int variant = 0; variant < 6; ++variant) {
         int const B = s.batch, V = s.vocab;
         Host h;
         h.logits = testing::random_logits(rng, B, V);
         h.temperature.assign(B, t);
-        h.top_k.assign(B, variant == 2 ? 50 : (variant == 3 ? 1000 : 0));
-        h.top_p.assign(B, variant == 1 ? 0.9f : (variant == 3 ? 0.8f : 1.0f));
+        int32_t const k_of[] = {0, 0, 50, 1000, 0, 20};
+        float const p_of[] = {1.0f, 0.9f, 1.0f, 0.8f, 1.0f, 0.9f};
+        h.top_k.assign(B, k_of[variant]);
+        h.top_p.assign(B, p_of[variant]);
         for (int b = 0; b < B; ++b) {
           h.seed.push_back(rng());
           h.step.push_back(static_cast<uint32_t>(rng()));
@@ -95,7 +98,7 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
         if (B > 2) h.temperature[1] = 0.0f;  // greedy requests mixed in
         h.tokens.assign(B, -2);
         h.status.assign(B, -2);
-        bool const arrays = variant < 4;
+        bool const arrays = variant != 4;
         auto hp = h.params(B, V);
         if (!arrays) hp.config.top_k = nullptr, hp.config.top_p = nullptr;
         REQUIRE(sample(CpuExecutor{}, hp).ok());
@@ -132,30 +135,42 @@ TEST_CASE("sample: GPU matches the CPU reference over a sweep") {
 }
 
 TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exactly)") {
-  // Rows split over 1 block (no cluster), 3, 4, 8 and 16 blocks; logits continuous, on a grid of
-  // 1/4 (many ties at the thresholds: some chosen distance bins hold more keys than the candidate
-  // list, so both selects run) and flat (every key in one distance bin: the radix passes);
-  // V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices instead of
-  // caching them (the radix passes).
-  enum Logits { kContinuous, kGrid, kFlat };
+  // Each case twice: the threshold kernel alone (every row by the passes over the whole row), and
+  // after the chunk partials, where rows with top-k <= kSampleListMaxTopK take their threshold
+  // from the chunks' candidate lists. Rows split over 1 block (no cluster), 3, 4, 8 and 16
+  // blocks; logits continuous, on a grid of 1/4 (many ties at the thresholds: some chosen
+  // distance bins hold more keys than the candidate list, so both selects run), flat (every key
+  // in one distance bin: the radix passes; every chunk overflows its list) and continuous with
+  // one flat chunk (that chunk overflows: the row takes the whole-row passes), and continuous
+  // with one dominant token 60 above the rest (its chunk's list bins again below the dominant
+  // token); V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices
+  // instead of caching them (the radix passes).
+  enum Logits { kContinuous, kGrid, kFlat, kOneFlatChunk, kDominant };
   struct Case { int vocab, max_blocks; Logits logits; };
   Case const cases[] = {{1003, 1, kContinuous},   {32000, 3, kGrid},       {32000, 16, kContinuous},
                         {163840, 16, kGrid},      {163840, 1, kContinuous}, {300000, 16, kGrid},
                         {163840, 16, kFlat},      {32000, 8, kContinuous},
-                        {163840, 4, kGrid}};
+                        {163840, 4, kGrid},       {32000, 16, kOneFlatChunk},
+                        {163840, 16, kDominant},  {32000, 8, kDominant}};
   struct Setting { int32_t top_k; float top_p; };
   Setting const settings[] = {{1, 1.0f}, {50, 1.0f},  {4000, 1.0f}, {0, 0.5f},
                               {0, 0.9f}, {0, 0.99f}, {50, 0.9f},   {4000, 0.3f}};
   int const B = static_cast<int>(std::size(settings));
   testing::Rng rng(31);
-  int64_t compared = 0, near = 0;
-  for (Case c : cases) {
+  int64_t compared = 0, near = 0, listed_rows = 0;
+  for (Case c : cases) for (bool lists : {false, true}) {
     int const V = c.vocab;
     std::vector<float> logits = testing::random_logits(rng, B, V);
     if (c.logits == kGrid) {
       for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;
     } else if (c.logits == kFlat) {
       std::fill(logits.begin(), logits.end(), 1.5f);
+    } else if (c.logits == kDominant) {
+      for (int b = 0; b < B; ++b) logits[static_cast<size_t>(b) * V + (b * 7919 + 1) % V] = 60.0f;
+    } else if (c.logits == kOneFlatChunk) {
+      for (int b = 0; b < B; ++b) {
+        std::fill_n(logits.begin() + static_cast<size_t>(b) * V + kSampleChunk, kSampleChunk, 9.0f);
+      }
     }
     std::vector<float> temperature(B, 0.8f), top_p(B);
     std::vector<int32_t> top_k(B);
@@ -165,13 +180,29 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
     DeviceBuffer<uint64_t> workspace((sample_workspace_bytes(B, V) + 7) / 8);
     REQUIRE(workspace.fill_bytes(0xff).ok());
     SamplingConfig const config{d_temperature.data(), d_top_k.data(), d_top_p.data()};
+    SampleListUse const use = lists ? SampleListUse::kAlways : SampleListUse::kNever;
+    if (lists) {
+      REQUIRE(launch_sample_chunk_partials(d_logits.data(), B, V, 1, config, workspace.data(),
+                                           nullptr, use).ok());
+    }
     REQUIRE(launch_sample_row_thresholds(d_logits.data(), B, V, 1, config, workspace.data(),
-                                         nullptr, c.max_blocks).ok());
+                                         nullptr, c.max_blocks, use).ok());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<uint64_t> bytes = workspace.download();
     uint32_t const* keys = sample_min_keys(bytes.data(), B, V);
+    auto const* parts = reinterpret_cast<SampleChunkPartial const*>(bytes.data());
+    int const chunks = sample_chunks(V);
     for (int b = 0; b < B; ++b) {
       float const* row = logits.data() + static_cast<size_t>(b) * V;
+      bool const listed = std::all_of(parts + b * chunks, parts + (b + 1) * chunks,
+                                      [](SampleChunkPartial const& q) { return q.listed >= 0; });
+      listed_rows += listed;
+      if (!lists || !sample_row_lists_fit(top_k[b], V) || c.logits == kFlat ||
+          c.logits == kOneFlatChunk) {
+        CHECK_MESSAGE(!listed, "V=" << V << " top_k " << top_k[b] << " logits " << c.logits);
+      } else if (c.logits == kContinuous || c.logits == kDominant) {
+        CHECK_MESSAGE(listed, "V=" << V << " top_k " << top_k[b]);
+      }
       if (!sample_uses_top_k(top_k[b], V) && !sample_uses_top_p(top_p[b])) {
         CHECK(keys[b] == 0xffffffffu);  // left to the chunk partials: not written
         continue;
@@ -188,13 +219,16 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
         boundary = lo.min_key != hi.min_key;
       }
       CHECK_MESSAGE(boundary, "V=" << V << " blocks<=" << c.max_blocks << " logits " << c.logits
-                                   << " top_k " << top_k[b] << " top_p " << top_p[b]
+                                   << " lists " << lists << " listed " << listed << " top_k "
+                                   << top_k[b] << " top_p " << top_p[b]
                                    << ": gpu key " << keys[b] << " cpu key " << want.min_key);
       ++near;
     }
   }
-  MESSAGE("compared " << compared << ", top-p near a boundary " << near);
+  MESSAGE("compared " << compared << ", top-p near a boundary " << near << ", from lists "
+                       << listed_rows);
   CHECK(near * 20 < compared);
+  CHECK(listed_rows > 0);
 }
 
 TEST_CASE("sample: invalid per-request values on the GPU") {
@@ -268,8 +302,8 @@ TEST_CASE("sample: GPU output is bitwise reproducible run to run (top-k and top-
   h.logits = testing::random_logits(rng, B, V, 1.0f);  // flat rows: many tokens share the top-p mass
   for (int b = 0; b < B; ++b) {
     h.temperature.push_back(0.8f);
-    h.top_k.push_back(b % 2 ? 4000 : 0);
-    h.top_p.push_back(b % 3 ? 0.9f : 1.0f);  // b % 6 == 0: temperature alone (chunked path)
+    h.top_k.push_back(b % 2 ? 4000 : (b % 4 == 0 ? 40 : 0));  // 40: candidate lists
+    h.top_p.push_back(b % 3 ? 0.9f : 1.0f);  // b % 12 == 6: temperature alone (chunked path)
     h.seed.push_back(rng());
     h.step.push_back(static_cast<uint32_t>(b));
   }

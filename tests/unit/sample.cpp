@@ -220,22 +220,38 @@ TEST_CASE("sample: the deterministic acceptance test never accepts a zero-weight
   CHECK_FALSE(specdec::ops::sample_accept_deterministic(0.25f, 2.0f, 0.5f));   // 0.5 < 0.5 fails
 }
 
-TEST_CASE("sample: the CUDA workspace holds the chunk partials, then one threshold key per row") {
-  // The layout both CUDA kernels index: partials [rows, chunks] from the start, min_keys [rows]
-  // right after them, all inside sample_workspace_bytes.
-  struct Shape { int64_t rows; int vocab; };
-  for (Shape s : {Shape{1, 5}, Shape{7, 1003}, Shape{64, 32000}, Shape{16 * 64, 163840}}) {
+TEST_CASE("sample: the CUDA workspace holds the chunk partials, the threshold keys, the lists") {
+  // The layout the CUDA kernels index: partials [rows, chunks] from the start, min_keys [rows]
+  // right after them, then kSampleListCap list entries per chunk where the vocabulary has at
+  // most kSampleListMaxChunks chunks (none beyond), all inside sample_workspace_bytes.
+  struct Shape { int64_t rows; int vocab; int64_t list_entries; };
+  Shape const shapes[] = {{1, 5, kSampleListCap},
+                          {7, 1003, kSampleListCap},
+                          {64, 32000, 8 * kSampleListCap},
+                          {16 * 64, 163840, 40 * kSampleListCap},
+                          {3, kSampleListMaxChunks * kSampleChunk, 96 * kSampleListCap},
+                          {3, kSampleListMaxChunks * kSampleChunk + 1, 0}};
+  for (Shape s : shapes) {
+    CHECK(sample_list_entries(s.vocab) == s.list_entries);
     size_t const bytes = sample_workspace_bytes(s.rows, s.vocab);
     std::vector<uint64_t> workspace((bytes + 7) / 8);
     auto* base = reinterpret_cast<unsigned char*>(workspace.data());
     uint32_t* const min_keys = sample_min_keys(workspace.data(), s.rows, s.vocab);
     auto* keys = reinterpret_cast<unsigned char*>(min_keys);
+    auto* lists = reinterpret_cast<unsigned char*>(
+        sample_candidate_lists(workspace.data(), s.rows, s.vocab));
     size_t const partial_bytes =
         static_cast<size_t>(s.rows) * sample_chunks(s.vocab) * sizeof(SampleChunkPartial);
+    size_t const list_bytes = static_cast<size_t>(s.rows * s.list_entries) * sizeof(uint32_t);
     CHECK(keys - base == static_cast<std::ptrdiff_t>(partial_bytes));
-    CHECK(partial_bytes + static_cast<size_t>(s.rows) * sizeof(uint32_t) == bytes);
+    CHECK(lists - keys == static_cast<std::ptrdiff_t>(s.rows * sizeof(uint32_t)));
+    CHECK(partial_bytes + static_cast<size_t>(s.rows) * sizeof(uint32_t) + list_bytes == bytes);
     CHECK(reinterpret_cast<uintptr_t>(keys) % alignof(uint32_t) == 0);
   }
+  CHECK(sample_row_lists_fit(50, 163840));
+  CHECK_FALSE(sample_row_lists_fit(kSampleListMaxTopK + 1, 163840));
+  CHECK_FALSE(sample_row_lists_fit(0, 163840));
+  CHECK_FALSE(sample_row_lists_fit(50, kSampleListMaxChunks * kSampleChunk + 1));
   CHECK(sample_chunks(kSampleChunk) == 1);
   CHECK(sample_chunks(kSampleChunk + 1) == 2);
 }

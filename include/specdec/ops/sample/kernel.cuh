@@ -6,7 +6,8 @@
 //   1. sample_chunk_partials_kernel (rows sampled greedily or with temperature alone, the common
 //      case): one block of kChunkThreads per (row, chunk of kSampleChunk logits) reads its chunk
 //      once into registers and leaves the chunk's argmax and its mass about its own maximum, so
-//      the whole GPU streams even one row;
+//      the whole GPU streams even one row. Where sample_builds_lists, it also leaves each chunk
+//      of a row with top-k <= kSampleListMaxTopK a candidate list (params.hpp);
 //   2. sample_row_thresholds_kernel (rows with top-k or top-p): one thread-block cluster per row
 //      (up to 16 blocks on sm_90, one block elsewhere), each block a slice of whole chunks read
 //      once from memory and kept in shared memory as keys of z = l / T. Inside the cluster
@@ -14,7 +15,8 @@
 //      weights in fixed point) each by the distance select (one histogram of the keys' distance
 //      below the row maximum, then the chosen bin's keys ranked in every block), or where that bin
 //      is too full or the slice is not cached, by 4 radix-select passes of 8-bit digits; then
-//      every chunk's kept mass about its maximum, and the row's threshold key;
+//      every chunk's kept mass about its maximum, and the row's threshold key. A row whose chunks
+//      all left lists is served by one block, the same selects over the lists alone;
 //   3. sample_kernel: one block per row combines the partials (the row's maximum and mass, or its
 //      argmax), picks the chunk holding u * mass and scans that chunk alone. Launches 1 and 3 use
 //      programmatic dependent launch: 3's blocks are in place when the partials are done.
@@ -428,28 +430,74 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
   return sh.pick;
 }
 
+// Distance bins: z's distance d = max_z - z below a maximum, in kSampleDistBins bins of
+// 1 / per_unit (the last also holding every d beyond, -inf and NaN). The bin falls as z rises
+// (float subtraction and multiplication by a positive scale keep the order), and equal keys share
+// a bin, so every key of a lower bin lies above every key of a higher one.
+constexpr int kSampleDistBins = 256;
+constexpr float kSampleDistPerUnit = 16.0f;
+__device__ inline int distance_bin(float z, float max_z, float per_unit) {
+  float const scaled = (max_z - z) * per_unit;
+  return scaled < kSampleDistBins - 1 ? static_cast<int>(scaled) : kSampleDistBins - 1;
+}
+
+// Block-wide exclusive prefix sum of `v` in thread order (blocks of kThreads <= 1024 threads);
+// `total` gets the sum. `warp_totals` holds kThreads / 32 values.
+template <int kThreads>
+__device__ inline uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_totals,
+                                                uint32_t& total) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    uint32_t const x = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += x;
+  }
+  __syncthreads();  // earlier readers of warp_totals are done
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  uint32_t before = 0;
+  total = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    before += w < warp ? warp_totals[w] : 0u;
+    total += warp_totals[w];
+  }
+  return before + incl - v;
+}
+
 }  // namespace sample_detail
 
 // Threads per chunk block: 16 logits each, held in registers between the max and the mass.
 constexpr int kChunkThreads = kSampleChunk / 16;
+// Binning rounds a chunk's candidate list may take (each 16 logits further down).
+constexpr int kSampleListRounds = 3;
 
 // Block i of rows * chunks: row i / chunks (request row / rows_per_request), chunk i % chunks.
-// Rows of requests with top-k / top-p (sample_row_thresholds_kernel's) or with invalid settings
-// are left unwritten. Launched with programmatic dependent launch (core/cuda.cuh), it lets the
-// next kernel's blocks launch as soon as its own have all started.
-template <int kThreads>
+// Rows sampled greedily or with temperature alone: the chunk's argmax and mass. Rows of requests
+// with top-k / top-p are sample_row_thresholds_kernel's; with kLists, those whose top-k fits a
+// list (sample_row_lists_fit) get the chunk's argmax and candidate list (params.hpp) here, and
+// the others listed = kSampleNotListed alone. Rows with invalid settings are left unwritten.
+// Launched with programmatic dependent launch (core/cuda.cuh), it lets the next kernel's blocks
+// launch as soon as its own have all started.
+template <int kThreads, bool kLists>
 __global__ void __launch_bounds__(kThreads)
     sample_chunk_partials_kernel(float const* logits, int vocab, int rows_per_request,
-                                 SamplingConfig const config, SampleChunkPartial* partials) {
+                                 SamplingConfig const config, SampleChunkPartial* partials,
+                                 uint32_t* lists) {
   static_assert(kThreads * 16 == kSampleChunk, "16 logits per thread");
+  static_assert(kThreads == sample_detail::kSampleDistBins, "a thread per distance bin");
   await_prior_kernels();
   int const chunks = sample_chunks(vocab);
   int64_t const row = blockIdx.x / chunks;
   int const chunk = static_cast<int>(blockIdx.x % chunks);
   int const b = static_cast<int>(row / rows_per_request);
   float const temperature = config.temperature_of(b);
-  if (sample_row_needs_threshold(config, b, vocab) ||
-      sample_config_error(temperature, config.top_p_of(b)) != kSampleOk) {
+  int32_t const top_k = config.top_k_of(b);
+  if (sample_config_error(temperature, config.top_p_of(b)) != kSampleOk) return;
+  bool const listed_row = kLists && sample_row_needs_threshold(config, b, vocab) &&
+                          sample_row_lists_fit(top_k, vocab);
+  if (sample_row_needs_threshold(config, b, vocab) && !listed_row) {
+    if (kLists && threadIdx.x == 0) partials[row * chunks + chunk].listed = kSampleNotListed;
     return;
   }
   int const lo = chunk * kSampleChunk, n = min(kSampleChunk, vocab - lo);
@@ -486,6 +534,91 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   best = 0;
   for (int w = 0; w < kThreads / 32; ++w) best = max(best, best_of_warp[w]);
+  if (kLists && listed_row) {
+    // The chunk's keys by distance bin below a reference (bins of 1/16 of a logit at any
+    // temperature): the list takes every bin up to the one where the count reaches min(k, n).
+    // Where that is the last bin (keys far below the reference: a dominant token), every key
+    // above it is listed and the last bin's keys are binned again below their own maximum, up to
+    // kSampleListRounds times.
+    constexpr int kLast = sample_detail::kSampleDistBins - 1;
+    __shared__ uint32_t bin_count[kThreads];
+    __shared__ uint32_t warp_totals[kThreads / 32];
+    __shared__ uint32_t chosen_incl;
+    float const inv_t = 1.0f / temperature;
+    float const per_unit = sample_detail::kSampleDistPerUnit * temperature;
+    uint32_t const need = static_cast<uint32_t>(min(top_k, n));
+    auto bin_of = [&](int i, float ref) {
+      return sample_detail::distance_bin(vals[i] * inv_t, ref, per_unit);
+    };
+    uint32_t play = 0;    // bit i: value i in play (in the last bin of every round so far)
+    uint32_t listed = 0;  // bit i: value i listed
+    SPECDEC_UNROLL
+    for (int i = 0; i < 16; ++i) play |= static_cast<uint32_t>(idx(i) < n) << i;
+    float ref = unpack_value(best) * inv_t;
+    uint32_t above = 0;  // keys listed by earlier rounds
+    int chosen = kLast;
+    for (int round = 0; round < kSampleListRounds && isfinite(ref); ++round) {  // uniform
+      bin_count[threadIdx.x] = 0;
+      __syncthreads();
+      SPECDEC_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        if ((play >> i) & 1u) atomicAdd(&bin_count[bin_of(i, ref)], 1u);
+      }
+      __syncthreads();
+      uint32_t const mine = bin_count[threadIdx.x];
+      uint32_t total = 0;
+      uint32_t const incl =
+          sample_detail::block_exclusive_scan<kThreads>(mine, warp_totals, total) + mine;
+      // Prefixes rise with the bin: the bins before the one reaching `need` are [0, chosen).
+      chosen = __syncthreads_count(above + incl < need);
+      if (static_cast<int>(threadIdx.x) == chosen) chosen_incl = above + incl;
+      if (chosen < kLast) break;
+      // Next round: the last bin's values below their own maximum; the rest are listed.
+      above += total - bin_count[kLast];
+      uint64_t next = 0;
+      SPECDEC_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        if (!((play >> i) & 1u)) continue;
+        if (bin_of(i, ref) == kLast) {
+          next = max(next, pack_value_index(vals[i] * inv_t, 0));
+        } else {
+          listed |= 1u << i;
+          play &= ~(1u << i);
+        }
+      }
+      next = warp_max_u64(next);
+      __syncthreads();  // every thread has read bin_count; best_of_warp is free
+      if (lane == 0) best_of_warp[warp] = next;
+      __syncthreads();
+      next = 0;
+      for (int w = 0; w < kThreads / 32; ++w) next = max(next, best_of_warp[w]);
+      ref = next == 0 ? -INFINITY : unpack_value(next);
+    }
+    __syncthreads();
+    int32_t length = kSampleNotListed;
+    if (chosen < kLast && chosen_incl <= static_cast<uint32_t>(kSampleListCap)) {  // uniform
+      SPECDEC_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        if (((play >> i) & 1u) && bin_of(i, ref) <= chosen) listed |= 1u << i;
+      }
+      uint32_t length_total = 0;
+      uint32_t slot = sample_detail::block_exclusive_scan<kThreads>(__popc(listed), warp_totals,
+                                                                    length_total);
+      uint32_t* list = lists + (row * chunks + chunk) * kSampleListCap;
+      SPECDEC_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        if ((listed >> i) & 1u) list[slot++] = float_order_key(vals[i] * inv_t);
+      }
+      length = static_cast<int32_t>(length_total);
+    }
+    if (threadIdx.x == 0) {
+      SampleChunkPartial part;
+      part.argmax = best;
+      part.listed = length;
+      partials[row * chunks + chunk] = part;
+    }
+    return;
+  }
   float mass = 0.0f;
   if (!sample_is_greedy(temperature)) {
     float const inv_t = 1.0f / temperature;
@@ -508,19 +641,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Launches sample_chunk_partials_kernel over `rows` rows.
+// Whether a launch over `rows` rows of `vocab` builds candidate lists (both kernels' kLists).
+// kAuto: where a config with top-k arrays has rows or chunks enough for the lists to pay. Measured
+// on an H100 (benchmarks/RESULTS.md, "Top-k thresholds from chunk candidate lists"): at
+// V = 32000 (8 chunks) lists cost 1.08-1.49x below 32 rows and gain 0.67-0.91x from 32 rows on;
+// at V = 163840 (40 chunks) they gain from one row on.
+enum class SampleListUse { kAuto, kNever, kAlways };
+constexpr int64_t kSampleListMinRows = 32;
+constexpr int kSampleListMinChunks = 16;
+inline bool sample_builds_lists(SampleListUse use, SamplingConfig const& config, int64_t rows,
+                                int vocab) {
+  if (use == SampleListUse::kNever || config.top_k == nullptr ||
+      sample_chunks(vocab) > kSampleListMaxChunks) {
+    return false;
+  }
+  return use == SampleListUse::kAlways || rows >= kSampleListMinRows ||
+         sample_chunks(vocab) >= kSampleListMinChunks;
+}
+
+// Launches sample_chunk_partials_kernel over `rows` rows (`lists`: see sample_builds_lists; the
+// threshold launch that follows must be given the same).
 inline Status launch_sample_chunk_partials(float const* logits, int64_t rows, int vocab,
                                            int rows_per_request, SamplingConfig const& config,
-                                           void* workspace, cudaStream_t stream) {
+                                           void* workspace, cudaStream_t stream,
+                                           SampleListUse lists = SampleListUse::kAuto) {
   int64_t const blocks = rows * sample_chunks(vocab);
   if (blocks > 0x7fffffff) {
     return Status::InvalidArgument("sample: " + std::to_string(rows) + " rows of vocab " +
                                    std::to_string(vocab) + " exceed one launch's blocks");
   }
-  return launch_kernel("sample_chunk_partials_kernel", sample_chunk_partials_kernel<kChunkThreads>,
+  auto const kernel = sample_builds_lists(lists, config, rows, vocab)
+                          ? sample_chunk_partials_kernel<kChunkThreads, true>
+                          : sample_chunk_partials_kernel<kChunkThreads, false>;
+  return launch_kernel("sample_chunk_partials_kernel", kernel,
                        dim3(static_cast<unsigned>(blocks)), kChunkThreads, 0, stream, logits,
                        vocab, rows_per_request, config,
-                       static_cast<SampleChunkPartial*>(workspace));
+                       static_cast<SampleChunkPartial*>(workspace),
+                       sample_candidate_lists(workspace, rows, vocab));
 }
 
 namespace sample_detail {
@@ -656,17 +813,9 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
 // power-of-two scale keep the order), so every key of a lower bin lies above the bin's keys. Three
 // cluster barriers against the four passes of row_radix_select, and the keys spread over many
 // bins where the radix passes' top digits (sign and exponent) gather most keys in few.
-constexpr int kSampleDistBins = 256;
-constexpr float kSampleDistPerUnit = 16.0f;
 // The most keys the chosen bin may hold (the list is in every block); beyond, row_radix_select.
 constexpr int kSampleCandidateCap = 1024;
 constexpr uint32_t kSampleNoKey = 0xffffffffu;  // the key of +NaN: never a threshold here
-
-__device__ inline int distance_bin(uint32_t key, float max_z) {
-  constexpr float kLastStart = (kSampleDistBins - 1) / kSampleDistPerUnit;
-  float const d = max_z - float_from_order_key(key);
-  return d < kLastStart ? static_cast<int>(d * kSampleDistPerUnit) : kSampleDistBins - 1;
-}
 
 struct SampleDistShared {
   uint32_t count[kSampleDistBins];            // the block's keys of positive units, by bin
@@ -703,7 +852,7 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
   for_each_key_in(lo, hi, [&](int, uint32_t key) {
     unsigned long long const u = units(key);
     if (u == 0) return;
-    int const bin = distance_bin(key, max_z);
+    int const bin = distance_bin(float_from_order_key(key), max_z, kSampleDistPerUnit);
     atomicAdd(&ds.count[bin], 1u);
     if constexpr (!kCount) add_split_units(ds.high, ds.low, bin, u);
   });
@@ -756,7 +905,7 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
   // Every block's keys of the chosen bin into every block's list (this block's from ds.offset).
   int const bin = ds.bin, offset = ds.offset, listed = ds.listed;
   for_each_key_in(lo, hi, [&](int, uint32_t key) {
-    if (distance_bin(key, max_z) != bin) return;
+    if (distance_bin(float_from_order_key(key), max_z, kSampleDistPerUnit) != bin) return;
     unsigned long long const u = units(key);
     if (u == 0) return;
     int const slot = offset + atomicAdd(&ds.fill, 1);
@@ -786,6 +935,136 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
   }
   row_sync(blocks);  // the threshold is in every block
   return ds.threshold;
+}
+
+// f(v, key) for v in [a, e) of keys held four to a uint4 from index `base` (a - base a multiple
+// of 4), the block's kThreads threads striding.
+template <int kThreads, class F>
+__device__ inline void for_each_cached_key(uint4 const* keys4, int base, int a, int e, F&& f) {
+  int const q_end = (e - base + 3) >> 2;
+#pragma unroll 2
+  for (int q = ((a - base) >> 2) + static_cast<int>(threadIdx.x); q < q_end; q += kThreads) {
+    uint4 const k4 = keys4[q];
+    int const v = base + 4 * q;
+    f(v, k4.x);
+    if (v + 1 < e) f(v + 1, k4.y);
+    if (v + 2 < e) f(v + 2, k4.z);
+    if (v + 3 < e) f(v + 3, k4.w);
+  }
+}
+
+// The row's threshold key from the keys for_each_key_in(a, e, f) gives over [lo, hi) in each of
+// the row's `blocks` blocks (this one `rank`): top-k (the k-th largest key), then top-p over the
+// keys top-k keeps, in fixed-point weight units. Each select is the distance select where the
+// keys are `cached` in shared memory and its chosen bin fits the candidate list, else the radix
+// passes (`radix` is then set: their last remote reads need a closing barrier). max_z: the row's
+// maximum (finite). Every block of the row gets the same key.
+template <int kThreads, class ForEachKeyIn>
+__device__ uint32_t row_threshold_key(ForEachKeyIn&& for_each_key_in, int lo, int hi, bool cached,
+                                      float max_z, int32_t top_k, float top_p, int vocab,
+                                      int rank, int blocks, bool& radix, SampleDistShared& ds,
+                                      SampleShared& sh) {
+  int pass = 0;
+  uint32_t min_key = 0;
+  // kCount: every key counts 1.
+  auto select = [&](auto count, auto&& units, auto&& need_of) {
+    if (cached) {
+      uint32_t const key = row_distance_select<decltype(count)::value, kThreads>(
+          for_each_key_in, lo, hi, units, need_of, max_z, rank, blocks, ds, sh);
+      if (key != kSampleNoKey) return key;
+    }
+    radix = true;
+    return row_radix_select(for_each_key_in, lo, hi, units, need_of, blocks, pass, sh);
+  };
+  if (sample_uses_top_k(top_k, vocab)) {
+    min_key = select(
+        std::true_type{}, [](uint32_t) { return 1ull; },
+        [&](unsigned long long) { return static_cast<unsigned long long>(top_k); });
+  }
+  if (sample_uses_top_p(top_p)) {
+    uint32_t const top_k_key = min_key;
+    auto units = [&](uint32_t key) -> unsigned long long {
+      if (key < top_k_key) return 0ull;
+      float const w = sample_exp(float_from_order_key(key) - max_z);
+      return min(__float2ull_rn(w * kSampleUnitScale), kSampleMaxUnits);
+    };
+    auto need_of = [&](unsigned long long total) {
+      return static_cast<unsigned long long>(
+          ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+    };
+    min_key = max(min_key, select(std::false_type{}, units, need_of));
+  }
+  return min_key;
+}
+
+// A listed row's threshold key (params.hpp) by one block of kThreads: the chunks' lists one after
+// another in shared memory (dynamic), row_threshold_key over them, then each chunk's kept mass
+// about its own maximum from its list (every kept key of a chunk is in it) into parts[c].mass.
+// Out of line, with shared memory of its own, so the whole-row path keeps its code and registers.
+template <int kThreads>
+__device__ __noinline__ uint32_t listed_row_threshold(SampleChunkPartial* parts, int chunks,
+                                                      uint32_t const* row_lists, float inv_t,
+                                                      int32_t top_k, float top_p, int vocab) {
+  extern __shared__ uint4 list_keys4[];
+  __shared__ SampleShared sh;
+  __shared__ SampleDistShared ds;
+  __shared__ int list_start[kSampleListMaxChunks + 1];  // chunk c's keys: [start[c], start[c + 1])
+  uint32_t* keys = reinterpret_cast<uint32_t*>(list_keys4);
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    int running = 0;
+    for (int c0 = 0; c0 < chunks; c0 += 32) {
+      int const c = c0 + lane;
+      int const len = c < chunks ? parts[c].listed : 0;
+      int incl = len;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int const x = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += x;
+      }
+      if (c < chunks) list_start[c] = running + incl - len;
+      running += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) list_start[chunks] = running;
+  }
+  uint64_t best = 0;
+  for (int c = threadIdx.x; c < chunks; c += kThreads) best = max(best, parts[c].argmax);
+  __syncthreads();
+  // A warp per chunk, its loads issued together.
+  constexpr int kPerLane = kSampleListCap / 32;
+  for (int c = warp; c < chunks; c += kThreads / 32) {
+    int const start = list_start[c], len = list_start[c + 1] - start;
+    uint32_t k[kPerLane];
+    SPECDEC_UNROLL
+    for (int j = 0; j < kPerLane; ++j) {
+      int const i = lane + 32 * j;
+      k[j] = i < len ? row_lists[c * kSampleListCap + i] : 0u;
+    }
+    SPECDEC_UNROLL
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + 32 * j < len) keys[start + lane + 32 * j] = k[j];
+    }
+  }
+  __syncthreads();
+  int const listed = list_start[chunks];
+  // Every listed chunk has a finite maximum, so the row has.
+  float const max_z = unpack_value(block_max_u64<kThreads>(best, sh)) * inv_t;
+  auto for_each_key_in = [&](int a, int e, auto&& f) {
+    for_each_cached_key<kThreads>(list_keys4, 0, a, e, f);
+  };
+  bool radix = false;
+  uint32_t const min_key = row_threshold_key<kThreads>(for_each_key_in, 0, listed, true, max_z,
+                                                       top_k, top_p, vocab, 0, 1, radix, ds, sh);
+  for (int c = warp; c < chunks; c += kThreads / 32) {
+    float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
+    float mass = 0.0f;
+    for (int i = list_start[c] + lane; i < list_start[c + 1]; i += 32) {
+      if (keys[i] >= min_key) mass += sample_exp(float_from_order_key(keys[i]) - chunk_max_z);
+    }
+    mass = warp_sum(mass);
+    if (lane == 0) parts[c].mass = mass;
+  }
+  return min_key;
 }
 
 }  // namespace sample_detail
@@ -822,14 +1101,18 @@ inline int sample_threshold_blocks(int64_t rows, int vocab) {
 }
 
 // grid.x = rows * split.blocks: block i serves row i / split.blocks (request row /
-// rows_per_request), slice i % split.blocks. Dynamic shared memory: the slice's keys when
-// split.cached. Rows without top-k / top-p, greedy rows and rows with invalid settings are left
-// to sample_chunk_partials_kernel (or unwritten); sample_kernel reports invalid rows.
-template <int kThreads>
+// rows_per_request), slice i % split.blocks. Runs after sample_chunk_partials_kernel over the
+// same workspace. With kLists, a row whose chunks all left candidate lists (params.hpp) is served
+// by its first block alone, from the lists (listed_row_threshold); the others by all its blocks
+// from the logits. Dynamic shared memory: the slice's keys when split.cached, a listed row's
+// lists. Rows without top-k / top-p, greedy rows and rows with invalid settings are left to
+// sample_chunk_partials_kernel (or unwritten); sample_kernel reports invalid rows.
+template <int kThreads, bool kLists>
 __global__ void __launch_bounds__(kThreads, 2)
     sample_row_thresholds_kernel(float const* logits, int vocab, int rows_per_request,
                                  SamplingConfig const config, SampleThresholdSplit const split,
-                                 SampleChunkPartial* partials, uint32_t* min_keys) {
+                                 SampleChunkPartial* partials, uint32_t* min_keys,
+                                 uint32_t const* lists) {
   static_assert(kThreads >= kSampleRadixBins && kThreads <= kSampleThreads && kThreads % 32 == 0,
                 "a thread per radix bin; the shared reductions hold kSampleWarps warps");
   using namespace sample_detail;
@@ -854,20 +1137,27 @@ __global__ void __launch_bounds__(kThreads, 2)
   float const* x = logits + row * vocab;
   SampleChunkPartial* parts = partials + row * chunks;
   float const inv_t = 1.0f / temperature;
+  // A row whose chunks all left candidate lists: its first block alone, from the lists (uniform
+  // over the row's blocks, so a whole cluster leaves together).
+  if (kLists && sample_row_lists_fit(top_k, vocab)) {
+    bool all_listed = true;
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      all_listed = all_listed && parts[c].listed >= 0;
+    }
+    if (__syncthreads_and(all_listed)) {
+      if (rank == 0) {
+        uint32_t const key = listed_row_threshold<kThreads>(
+            parts, chunks, lists + row * sample_list_entries(vocab), inv_t, top_k, top_p, vocab);
+        if (threadIdx.x == 0) min_keys[row] = key;
+      }
+      return;
+    }
+  }
   // f(v, key of z_v) for v in [a, e) of the slice (a - lo a multiple of 4): from shared memory,
   // four keys per load, or re-read.
   auto for_each_key_in = [&](int a, int e, auto&& f) {
     if (split.cached) {
-      int const q_end = (e - lo + 3) >> 2;
-#pragma unroll 2
-      for (int q = ((a - lo) >> 2) + static_cast<int>(threadIdx.x); q < q_end; q += kThreads) {
-        uint4 const k4 = cached_keys[q];
-        int const v = lo + 4 * q;
-        f(v, k4.x);
-        if (v + 1 < e) f(v + 1, k4.y);
-        if (v + 2 < e) f(v + 2, k4.z);
-        if (v + 3 < e) f(v + 3, k4.w);
-      }
+      for_each_cached_key<kThreads>(cached_keys, lo, a, e, f);
     } else {
       for_each_logit(x, a, e, threadIdx.x, kThreads,
                      [&](int v, float l) { f(v, float_order_key(l * inv_t)); });
@@ -933,38 +1223,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint32_t min_key = 0;
   bool radix = false;  // row_radix_select ran: its last remote reads need the closing barrier
   if (isfinite(max_z)) {  // else sample_kernel reports kSampleBadLogits from the argmaxes
-    int pass = 0;
-    // The distance select where the slice is cached and the chosen bin fits the list, else the
-    // radix passes. kCount: every key counts 1.
-    auto select = [&](auto count, auto&& units, auto&& need_of) {
-      if (split.cached) {
-        uint32_t const key = row_distance_select<decltype(count)::value, kThreads>(
-            for_each_key_in, lo, hi, units, need_of, max_z, rank, split.blocks, ds, sh);
-        if (key != kSampleNoKey) return key;
-      }
-      radix = true;
-      return row_radix_select(for_each_key_in, lo, hi, units, need_of, split.blocks, pass, sh);
-    };
-    // 2. top-k: the k-th largest key.
-    if (sample_uses_top_k(top_k, vocab)) {
-      min_key = select(
-          std::true_type{}, [](uint32_t) { return 1ull; },
-          [&](unsigned long long) { return static_cast<unsigned long long>(top_k); });
-    }
-    // 3. top-p over the kept tokens, in fixed-point weight units.
-    if (sample_uses_top_p(top_p)) {
-      uint32_t const top_k_key = min_key;
-      auto units = [&](uint32_t key) -> unsigned long long {
-        if (key < top_k_key) return 0ull;
-        float const w = sample_exp(float_from_order_key(key) - max_z);
-        return min(__float2ull_rn(w * kSampleUnitScale), kSampleMaxUnits);
-      };
-      auto need_of = [&](unsigned long long total) {
-        return static_cast<unsigned long long>(
-            ceil(static_cast<double>(top_p) * static_cast<double>(total)));
-      };
-      min_key = max(min_key, select(std::false_type{}, units, need_of));
-    }
+    // 2-3. top-k, then top-p over the kept tokens.
+    min_key = row_threshold_key<kThreads>(for_each_key_in, lo, hi, split.cached, max_z, top_k,
+                                          top_p, vocab, rank, split.blocks, radix, ds, sh);
     // 4. Each chunk's kept mass about its own maximum.
     for (int c = c_lo; c < c_hi; ++c) {
       float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
@@ -987,11 +1248,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // Launches sample_row_thresholds_kernel over `rows` rows, at most `max_blocks` blocks per row
 // (0: sample_threshold_blocks where the device has clusters, else 1); nothing when the config has
-// neither top-k nor top-p arrays.
+// neither top-k nor top-p arrays. `lists` as given to the chunk partials launch before it.
 inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, int vocab,
                                            int rows_per_request, SamplingConfig const& config,
                                            void* workspace, cudaStream_t stream,
-                                           int max_blocks = 0) {
+                                           int max_blocks = 0,
+                                           SampleListUse lists = SampleListUse::kAuto) {
   if (config.top_k == nullptr && config.top_p == nullptr) return Status::Ok();  // no row needs it
   if (max_blocks <= 0) {
     bool clusters = false;
@@ -1009,11 +1271,19 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
     return Status::InvalidArgument("sample: " + std::to_string(rows) + " rows of vocab " +
                                    std::to_string(vocab) + " exceed one launch's blocks");
   }
-  auto const kernel = sample_row_thresholds_kernel<kSampleThresholdThreads>;
+  bool const listed = sample_builds_lists(lists, config, rows, vocab);
+  auto const kernel = listed ? sample_row_thresholds_kernel<kSampleThresholdThreads, true>
+                             : sample_row_thresholds_kernel<kSampleThresholdThreads, false>;
   constexpr size_t kMaxSmem = size_t{kSampleCachedChunks} * kSampleChunk * sizeof(uint32_t);
-  size_t const smem = split.cached ? static_cast<size_t>(split.chunks_per_block) * kSampleChunk *
-                                         sizeof(uint32_t)
-                                   : 0;
+  // The slice's keys, or a listed row's lists, whichever is larger.
+  size_t const slice_smem = split.cached ? static_cast<size_t>(split.chunks_per_block) *
+                                               kSampleChunk * sizeof(uint32_t)
+                                         : 0;
+  size_t const list_smem =
+      listed ? static_cast<size_t>(sample_list_entries(vocab)) * sizeof(uint32_t) : 0;
+  static_assert(size_t{kSampleListMaxChunks} * kSampleListCap * sizeof(uint32_t) <= kMaxSmem,
+                "a row's lists fit the threshold kernel's shared memory");
+  size_t const smem = std::max(slice_smem, list_smem);
   static_assert(kSampleChunk % 4 == 0, "the cached keys are stored four at a time");
   // Function attributes (no stream work): shared memory above 48 KB (always the most any launch
   // takes, so a graph captured earlier stays launchable), and clusters beyond 8.
@@ -1028,7 +1298,8 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
                                stream, split.blocks, ClusterLaunch::kInOrder, logits, vocab,
                                rows_per_request, config, split,
                                static_cast<SampleChunkPartial*>(workspace),
-                               sample_min_keys(workspace, rows, vocab));
+                               sample_min_keys(workspace, rows, vocab),
+                               sample_candidate_lists(workspace, rows, vocab));
 }
 
 

@@ -106,31 +106,52 @@ struct SampleParams {
   size_t workspace_bytes = 0;     //   (no initial contents needed)
 };
 
-// ---- The CUDA path's workspace: chunk partials and threshold keys of each logit row ----
+// ---- The CUDA path's workspace: chunk partials, threshold keys and candidate lists ----
 // The kernels cut every row into chunks of kSampleChunk logits that separate blocks reduce at
 // once (one multiprocessor streaming a whole 640 KB row would bound batch-1 latency). Each chunk
 // leaves its packed argmax (pack_value_index of the logit) and, for rows sampled with a
 // temperature, its mass sum_v w_v exp(max_z - m_c) about its own maximum m_c = logit max * (1 / T)
 // (w: the row's weights, zero below the top-k / top-p threshold). Rows with top-k or top-p also
 // leave their threshold key (TargetDist::min_key).
-// Layout: partials [rows, ceil(V / kSampleChunk)] SampleChunkPartial, then min_keys [rows] uint32.
+// A row with top-k k <= kSampleListMaxTopK (and at most kSampleListMaxChunks chunks) also leaves,
+// per chunk, a candidate list: the chunk's keys at and above its k-th largest (a few more: whole
+// distance bins), at most kSampleListCap of them. The row's top-k lies in the union of its
+// chunks' lists, and so does every key top-p can keep after it, so the threshold follows from the
+// lists alone. `listed` is the list's length, or kSampleNotListed (the chunk overflowed, or the
+// row takes the threshold kernel's passes over the whole row).
+// Layout: partials [rows, C] SampleChunkPartial (C = ceil(V / kSampleChunk)), min_keys [rows]
+// uint32, then lists [rows, C, kSampleListCap] uint32 where C <= kSampleListMaxChunks.
 constexpr int kSampleChunk = 4096;
+constexpr int kSampleListCap = 128;
+constexpr int kSampleListMaxTopK = 64;
+constexpr int kSampleListMaxChunks = 96;  // V <= 393216: a row's lists fit one block's 48 KB
+constexpr int32_t kSampleNotListed = -1;
 struct SampleChunkPartial {
   uint64_t argmax = 0;
   float mass = 0.0f;
-  float unused = 0.0f;
+  int32_t listed = kSampleNotListed;
 };
 SPECDEC_HD inline int sample_chunks(int vocab) { return ceil_div(vocab, kSampleChunk); }
+// List entries a row reserves: kSampleListCap per chunk where the row can be listed, else none.
+SPECDEC_HD inline int64_t sample_list_entries(int vocab) {
+  int const chunks = sample_chunks(vocab);
+  return chunks <= kSampleListMaxChunks ? int64_t{chunks} * kSampleListCap : 0;
+}
 // Bytes of workspace for `rows` logit rows of `vocab` (sample: rows = B; verify_sample: B * N).
 inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
-  size_t const per_row =
-      static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) + sizeof(uint32_t);
+  size_t const per_row = static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) +
+                         sizeof(uint32_t) +
+                         static_cast<size_t>(sample_list_entries(vocab)) * sizeof(uint32_t);
   return static_cast<size_t>(rows) * per_row;
 }
-// The workspace's min_keys [rows] array.
+// The workspace's min_keys [rows] array ...
 SPECDEC_HD inline uint32_t* sample_min_keys(void* workspace, int64_t rows, int vocab) {
   return reinterpret_cast<uint32_t*>(static_cast<SampleChunkPartial*>(workspace) +
                                      rows * sample_chunks(vocab));
+}
+// ... and its lists [rows, sample_list_entries(V)].
+SPECDEC_HD inline uint32_t* sample_candidate_lists(void* workspace, int64_t rows, int vocab) {
+  return sample_min_keys(workspace, rows, vocab) + rows;
 }
 inline Status validate_sample_workspace(void const* workspace, size_t bytes, int64_t rows,
                                         int vocab, char const* op, char const* how) {
@@ -192,6 +213,12 @@ SPECDEC_HD inline bool sample_uses_top_k(int32_t top_k, int vocab) {
   return top_k > 0 && top_k < vocab;
 }
 SPECDEC_HD inline bool sample_uses_top_p(float top_p) { return top_p < 1.0f; }
+
+// Whether a top-k row's threshold can come from chunk candidate lists (see the workspace).
+SPECDEC_HD inline bool sample_row_lists_fit(int32_t top_k, int vocab) {
+  return sample_uses_top_k(top_k, vocab) && top_k <= kSampleListMaxTopK &&
+         sample_chunks(vocab) <= kSampleListMaxChunks;
+}
 
 // Whether request b's rows need the threshold kernel: sampled (not greedy) with top-k or top-p.
 // Greedy rows ignore top-k / top-p; the others take the chunk partials alone.
