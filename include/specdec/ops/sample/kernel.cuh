@@ -494,9 +494,9 @@ __global__ void __launch_bounds__(kThreads)
   float const temperature = config.temperature_of(b);
   int32_t const top_k = config.top_k_of(b);
   if (sample_config_error(temperature, config.top_p_of(b)) != kSampleOk) return;
-  bool const listed_row = kLists && sample_row_needs_threshold(config, b, vocab) &&
-                          sample_row_lists_fit(top_k, vocab);
-  if (sample_row_needs_threshold(config, b, vocab) && !listed_row) {
+  bool const needs_threshold = sample_row_needs_threshold(config, b, vocab);
+  bool const listed_row = kLists && needs_threshold && sample_row_lists_fit(top_k, vocab);
+  if (needs_threshold && !listed_row) {
     if (kLists && threadIdx.x == 0) partials[row * chunks + chunk].listed = kSampleNotListed;
     return;
   }
@@ -1009,23 +1009,17 @@ __device__ __noinline__ uint32_t listed_row_threshold(SampleChunkPartial* parts,
   __shared__ SampleShared sh;
   __shared__ SampleDistShared ds;
   __shared__ int list_start[kSampleListMaxChunks + 1];  // chunk c's keys: [start[c], start[c + 1])
+  __shared__ uint32_t warp_totals[kThreads / 32];
+  static_assert(kSampleListMaxChunks <= kThreads, "a thread per chunk");
   uint32_t* keys = reinterpret_cast<uint32_t*>(list_keys4);
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (warp == 0) {
-    int running = 0;
-    for (int c0 = 0; c0 < chunks; c0 += 32) {
-      int const c = c0 + lane;
-      int const len = c < chunks ? parts[c].listed : 0;
-      int incl = len;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        int const x = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += x;
-      }
-      if (c < chunks) list_start[c] = running + incl - len;
-      running += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) list_start[chunks] = running;
+  {
+    int const c = threadIdx.x;
+    uint32_t listed = 0;
+    uint32_t const start = block_exclusive_scan<kThreads>(
+        c < chunks ? static_cast<uint32_t>(parts[c].listed) : 0u, warp_totals, listed);
+    if (c < chunks) list_start[c] = static_cast<int>(start);
+    if (c == 0) list_start[chunks] = static_cast<int>(listed);
   }
   uint64_t best = 0;
   for (int c = threadIdx.x; c < chunks; c += kThreads) best = max(best, parts[c].argmax);
@@ -1106,7 +1100,9 @@ inline int sample_threshold_blocks(int64_t rows, int vocab) {
 // by its first block alone, from the lists (listed_row_threshold); the others by all its blocks
 // from the logits. Dynamic shared memory: the slice's keys when split.cached, a listed row's
 // lists. Rows without top-k / top-p, greedy rows and rows with invalid settings are left to
-// sample_chunk_partials_kernel (or unwritten); sample_kernel reports invalid rows.
+// sample_chunk_partials_kernel (or unwritten); sample_kernel reports invalid rows. Keeps
+// launch_kernel's contract (core/cuda.cuh): before its programmatic wait it reads only the config
+// and the logits (the op's inputs).
 template <int kThreads, bool kLists>
 __global__ void __launch_bounds__(kThreads, 2)
     sample_row_thresholds_kernel(float const* logits, int vocab, int rows_per_request,
@@ -1126,10 +1122,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float const top_p = config.top_p_of(b);
   int32_t const top_k = config.top_k_of(b);
   // Uniform over the row's blocks, so a whole cluster leaves together.
-  if (!sample_row_needs_threshold(config, b, vocab) ||
-      sample_config_error(temperature, top_p) != kSampleOk) {
-    return;
-  }
+  bool const serves = sample_row_needs_threshold(config, b, vocab) &&
+                      sample_config_error(temperature, top_p) == kSampleOk;
   int const chunks = sample_chunks(vocab);
   int const c_lo = min(chunks, rank * split.chunks_per_block);
   int const c_hi = min(chunks, c_lo + split.chunks_per_block);
@@ -1137,9 +1131,37 @@ __global__ void __launch_bounds__(kThreads, 2)
   float const* x = logits + row * vocab;
   SampleChunkPartial* parts = partials + row * chunks;
   float const inv_t = 1.0f / temperature;
+  bool const listable = kLists && sample_row_lists_fit(top_k, vocab);
+  // The cached slice's logits, every load issued before any is used. The op's input, so a slice
+  // that no list can serve is loaded before the programmatic wait (core/cuda.cuh).
+  constexpr int kQuads = kSampleChunk / 4 / kThreads;  // float4 loads per thread per chunk
+  static_assert(kQuads * 4 * kThreads == kSampleChunk, "whole float4 loads per chunk");
+  float4 q[kSampleCachedChunks][kQuads];
+  auto load_slice = [&] {
+    bool const aligned = (reinterpret_cast<uintptr_t>(x + lo) & 15u) == 0;
+    SPECDEC_UNROLL
+    for (int i = 0; i < kSampleCachedChunks; ++i) {
+      SPECDEC_UNROLL
+      for (int k = 0; k < kQuads; ++k) {
+        int const v = lo + i * kSampleChunk + 4 * (static_cast<int>(threadIdx.x) + k * kThreads);
+        if (aligned && v + 3 < hi) {
+          q[i][k] = __ldg(reinterpret_cast<float4 const*>(x + v));
+        } else {
+          q[i][k].x = v < hi ? __ldg(x + v) : 0.0f;
+          q[i][k].y = v + 1 < hi ? __ldg(x + v + 1) : 0.0f;
+          q[i][k].z = v + 2 < hi ? __ldg(x + v + 2) : 0.0f;
+          q[i][k].w = v + 3 < hi ? __ldg(x + v + 3) : 0.0f;
+        }
+      }
+    }
+  };
+  bool const loaded_early = serves && split.cached && !listable;
+  if (loaded_early) load_slice();
+  await_prior_kernels();
+  if (!serves) return;
   // A row whose chunks all left candidate lists: its first block alone, from the lists (uniform
   // over the row's blocks, so a whole cluster leaves together).
-  if (kLists && sample_row_lists_fit(top_k, vocab)) {
+  if (listable) {
     bool all_listed = true;
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
       all_listed = all_listed && parts[c].listed >= 0;
@@ -1164,29 +1186,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
 
-  // 1. The slice read once (every load issued before any is used): its chunks' argmaxes, its keys
-  // into shared memory; then the row maximum.
+  // 1. The slice read once: its chunks' argmaxes, its keys into shared memory; then the row
+  // maximum.
   uint64_t slice_best = 0;
   if (split.cached) {
-    constexpr int kQuads = kSampleChunk / 4 / kThreads;  // float4 loads per thread per chunk
-    static_assert(kQuads * 4 * kThreads == kSampleChunk, "whole float4 loads per chunk");
-    bool const aligned = (reinterpret_cast<uintptr_t>(x + lo) & 15u) == 0;
-    float4 q[kSampleCachedChunks][kQuads];
-    SPECDEC_UNROLL
-    for (int i = 0; i < kSampleCachedChunks; ++i) {
-      SPECDEC_UNROLL
-      for (int k = 0; k < kQuads; ++k) {
-        int const v = lo + i * kSampleChunk + 4 * (static_cast<int>(threadIdx.x) + k * kThreads);
-        if (aligned && v + 3 < hi) {
-          q[i][k] = __ldg(reinterpret_cast<float4 const*>(x + v));
-        } else {
-          q[i][k].x = v < hi ? __ldg(x + v) : 0.0f;
-          q[i][k].y = v + 1 < hi ? __ldg(x + v + 1) : 0.0f;
-          q[i][k].z = v + 2 < hi ? __ldg(x + v + 2) : 0.0f;
-          q[i][k].w = v + 3 < hi ? __ldg(x + v + 3) : 0.0f;
-        }
-      }
-    }
+    if (!loaded_early) load_slice();
     SPECDEC_UNROLL
     for (int i = 0; i < kSampleCachedChunks; ++i) {
       uint64_t best = 0;
@@ -1293,9 +1297,15 @@ inline Status launch_sample_row_thresholds(float const* logits, int64_t rows, in
     SPECDEC_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
+  // Launched early (programmatic dependent launch) while the rows are few: its blocks start, and
+  // load their logits, during the chunk partials kernel. Measured on an H100
+  // (benchmarks/RESULTS.md, "Thresholds launched early; the distance select's rounds"): 0.94-0.98x
+  // below 128 rows; 128 rows of V = 32000 lost 1.24x.
+  ClusterLaunch const order =
+      rows < kSampleManyRows ? ClusterLaunch::kAwaits : ClusterLaunch::kInOrder;
   return launch_cluster_kernel("sample_row_thresholds_kernel", kernel,
                                dim3(static_cast<unsigned>(blocks)), kSampleThresholdThreads, smem,
-                               stream, split.blocks, ClusterLaunch::kInOrder, logits, vocab,
+                               stream, split.blocks, order, logits, vocab,
                                rows_per_request, config, split,
                                static_cast<SampleChunkPartial*>(workspace),
                                sample_min_keys(workspace, rows, vocab),
