@@ -142,16 +142,18 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
   // distance bins hold more keys than the candidate list, so both selects run), flat (every key
   // in one distance bin: the radix passes; every chunk overflows its list) and continuous with
   // one flat chunk (that chunk overflows: the row takes the whole-row passes), and continuous
-  // with one dominant token 60 above the rest (its chunk's list bins again below the dominant
-  // token); V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices
+  // with one dominant token 60 above the rest (the whole-row select and the dominant token's
+  // chunk's list bin again below it), and in tiers: a dominant token, 20 tokens near 30, the rest
+  // (the whole-row select bins three times); V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices
   // instead of caching them (the radix passes).
-  enum Logits { kContinuous, kGrid, kFlat, kOneFlatChunk, kDominant };
+  enum Logits { kContinuous, kGrid, kFlat, kOneFlatChunk, kDominant, kTiers };
   struct Case { int vocab, max_blocks; Logits logits; };
   Case const cases[] = {{1003, 1, kContinuous},   {32000, 3, kGrid},       {32000, 16, kContinuous},
                         {163840, 16, kGrid},      {163840, 1, kContinuous}, {300000, 16, kGrid},
                         {163840, 16, kFlat},      {32000, 8, kContinuous},
                         {163840, 4, kGrid},       {32000, 16, kOneFlatChunk},
-                        {163840, 16, kDominant},  {32000, 8, kDominant}};
+                        {163840, 16, kDominant},  {32000, 8, kDominant},
+                        {163840, 16, kTiers},     {32000, 4, kTiers}};
   struct Setting { int32_t top_k; float top_p; };
   Setting const settings[] = {{1, 1.0f}, {50, 1.0f},  {4000, 1.0f}, {0, 0.5f},
                               {0, 0.9f}, {0, 0.99f}, {50, 0.9f},   {4000, 0.3f}};
@@ -165,8 +167,14 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
       for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;
     } else if (c.logits == kFlat) {
       std::fill(logits.begin(), logits.end(), 1.5f);
-    } else if (c.logits == kDominant) {
-      for (int b = 0; b < B; ++b) logits[static_cast<size_t>(b) * V + (b * 7919 + 1) % V] = 60.0f;
+    } else if (c.logits == kDominant || c.logits == kTiers) {
+      for (int b = 0; b < B; ++b) {
+        float* row = logits.data() + static_cast<size_t>(b) * V;
+        row[(b * 7919 + 1) % V] = 60.0f;
+        for (int j = 1; c.logits == kTiers && j <= 20; ++j) {
+          row[(b * 7919 + 1 + 977 * j) % V] = 30.0f + 0.01f * static_cast<float>(j);
+        }
+      }
     } else if (c.logits == kOneFlatChunk) {
       for (int b = 0; b < B; ++b) {
         std::fill_n(logits.begin() + static_cast<size_t>(b) * V + kSampleChunk, kSampleChunk, 9.0f);
@@ -200,7 +208,7 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
       if (!lists || !sample_row_lists_fit(top_k[b], V) || c.logits == kFlat ||
           c.logits == kOneFlatChunk) {
         CHECK_MESSAGE(!listed, "V=" << V << " top_k " << top_k[b] << " logits " << c.logits);
-      } else if (c.logits == kContinuous || c.logits == kDominant) {
+      } else if (c.logits == kContinuous || c.logits == kDominant || c.logits == kTiers) {
         CHECK_MESSAGE(listed, "V=" << V << " top_k " << top_k[b]);
       }
       if (!sample_uses_top_k(top_k[b], V) && !sample_uses_top_p(top_p[b])) {

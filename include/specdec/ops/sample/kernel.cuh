@@ -433,13 +433,18 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
 // Distance bins: z's distance d = max_z - z below a maximum, in kSampleDistBins bins of
 // 1 / per_unit (the last also holding every d beyond, -inf and NaN). The bin falls as z rises
 // (float subtraction and multiplication by a positive scale keep the order), and equal keys share
-// a bin, so every key of a lower bin lies above every key of a higher one.
+// a bin, so every key of a lower bin lies above every key of a higher one. Where a select's
+// threshold lies in the last bin, its keys are binned again below their own maximum, up to
+// kSampleDistRounds rounds; a key in a later round's last bin lies in every earlier round's (the
+// later maximum lies in the earlier last bin and the key below it).
 constexpr int kSampleDistBins = 256;
-constexpr float kSampleDistPerUnit = 16.0f;
+constexpr int kSampleDistRounds = 3;
 __device__ inline int distance_bin(float z, float max_z, float per_unit) {
   float const scaled = (max_z - z) * per_unit;
   return scaled < kSampleDistBins - 1 ? static_cast<int>(scaled) : kSampleDistBins - 1;
 }
+// per_unit for bins of 1/16 of a logit at any temperature (z = logit / temperature).
+__device__ inline float distance_per_unit(float temperature) { return 16.0f * temperature; }
 
 // Block-wide exclusive prefix sum of `v` in thread order (blocks of kThreads <= 1024 threads);
 // `total` gets the sum. `warp_totals` holds kThreads / 32 values.
@@ -469,8 +474,6 @@ __device__ inline uint32_t block_exclusive_scan(uint32_t v, uint32_t* warp_total
 
 // Threads per chunk block: 16 logits each, held in registers between the max and the mass.
 constexpr int kChunkThreads = kSampleChunk / 16;
-// Binning rounds a chunk's candidate list may take (each 16 logits further down).
-constexpr int kSampleListRounds = 3;
 
 // Block i of rows * chunks: row i / chunks (request row / rows_per_request), chunk i % chunks.
 // Rows sampled greedily or with temperature alone: the chunk's argmax and mass. Rows of requests
@@ -539,13 +542,13 @@ __global__ void __launch_bounds__(kThreads)
     // temperature): the list takes every bin up to the one where the count reaches min(k, n).
     // Where that is the last bin (keys far below the reference: a dominant token), every key
     // above it is listed and the last bin's keys are binned again below their own maximum, up to
-    // kSampleListRounds times.
+    // kSampleDistRounds times.
     constexpr int kLast = sample_detail::kSampleDistBins - 1;
     __shared__ uint32_t bin_count[kThreads];
     __shared__ uint32_t warp_totals[kThreads / 32];
     __shared__ uint32_t chosen_incl;
     float const inv_t = 1.0f / temperature;
-    float const per_unit = sample_detail::kSampleDistPerUnit * temperature;
+    float const per_unit = sample_detail::distance_per_unit(temperature);
     uint32_t const need = static_cast<uint32_t>(min(top_k, n));
     auto bin_of = [&](int i, float ref) {
       return sample_detail::distance_bin(vals[i] * inv_t, ref, per_unit);
@@ -557,7 +560,8 @@ __global__ void __launch_bounds__(kThreads)
     float ref = unpack_value(best) * inv_t;
     uint32_t above = 0;  // keys listed by earlier rounds
     int chosen = kLast;
-    for (int round = 0; round < kSampleListRounds && isfinite(ref); ++round) {  // uniform
+    for (int round = 0; round < sample_detail::kSampleDistRounds && isfinite(ref);
+         ++round) {  // uniform
       bin_count[threadIdx.x] = 0;
       __syncthreads();
       SPECDEC_UNROLL
@@ -805,107 +809,152 @@ __device__ uint32_t row_radix_select(ForEachKeyIn&& for_each_key_in, int lo, int
   return prefix;
 }
 
-// The distance select: one histogram of the keys by their distance d = max_z - z below the row
-// maximum (kSampleDistBins bins of 1 / kSampleDistPerUnit, the last also holding every d beyond
-// and -inf) finds the bin holding the threshold; every block then copies that bin's keys into
-// every block's candidate list, and each key's rank among them (units above it and equal to it)
-// names the threshold. Bins are monotone in the key (d falls as z rises, float subtraction and the
-// power-of-two scale keep the order), so every key of a lower bin lies above the bin's keys. Three
-// cluster barriers against the four passes of row_radix_select, and the keys spread over many
-// bins where the radix passes' top digits (sign and exponent) gather most keys in few.
+// The distance select: a histogram of the keys by their distance d = ref - z below a reference,
+// first the row maximum (kSampleDistBins bins of 1 / per_unit, the last also holding every d
+// beyond and -inf), finds the bin holding the threshold. Where that is the last bin and it holds
+// more keys than the candidate list takes (keys far below a dominant token), its keys are binned
+// again below their own maximum (distance_bin), up to kSampleDistRounds rounds. Every block then
+// copies the chosen bin's keys into every block's candidate list, and each key's rank among them
+// (units above it and equal to it) names the threshold. Bins are monotone in the key, so every
+// key of a lower bin lies above the bin's keys. Three cluster barriers, and one more a round,
+// against the four passes of row_radix_select; the keys spread over many bins where the radix
+// passes' top digits (sign and exponent) gather most keys in few.
 // The most keys the chosen bin may hold (the list is in every block); beyond, row_radix_select.
 constexpr int kSampleCandidateCap = 1024;
 constexpr uint32_t kSampleNoKey = 0xffffffffu;  // the key of +NaN: never a threshold here
 
 struct SampleDistShared {
-  uint32_t count[kSampleDistBins];            // the block's keys of positive units, by bin
-  uint32_t high[kSampleDistBins];             // the block's units by bin: >> 16 ...
-  uint32_t low[kSampleDistBins];              // ... and & 0xffff (as in row_radix_select)
-  unsigned long long units[kSampleDistBins];  // joined; the rest of the cluster reads them
-  uint32_t cand_key[kSampleCandidateCap];     // the chosen bin's keys over the row
+  // By round parity (the rest of the cluster reads a round's while this block bins the next):
+  uint32_t count[2][kSampleDistBins];            // the block's keys of positive units, by bin
+  unsigned long long units[2][kSampleDistBins];  // their units
+  uint32_t last_max[2];                          // the block's largest key in the last bin, or 0
+  uint32_t high[kSampleDistBins];                // the block's units by bin: >> 16 ...
+  uint32_t low[kSampleDistBins];                 // ... and & 0xffff (as in row_radix_select)
+  uint32_t cand_key[kSampleCandidateCap];        // the chosen bin's keys over the row
   uint32_t cand_units[kSampleCandidateCap];
   uint32_t threshold;  // written into every block by a block holding the threshold key
+  uint32_t next_ref;   // the row's largest key in the last bin
   int fill;            // this block's keys copied so far
   int bin;             // the chosen bin
   int offset;          // this block's first place in the list
   int listed;          // the list's length
-  unsigned long long above;  // units of the bins below the chosen one
-  unsigned long long need;
+  unsigned long long above;  // units of the keys above the chosen bin
 };
 
 // The largest key K with units(key >= K) >= need_of(total) over the row, as row_radix_select
-// (kCount: units(key) is 1 for every key), or kSampleNoKey when the chosen bin holds more than
-// kSampleCandidateCap keys (the caller takes row_radix_select). The block's slice [lo, hi) holds
-// at most kSampleSegment keys. Every block of the row gets the same answer.
+// (kCount: units(key) is 1 for every key), or kSampleNoKey when the chosen bin of the last round
+// holds more than kSampleCandidateCap keys (the caller takes row_radix_select). max_z: the row
+// maximum; per_unit: distance_per_unit. The block's slice [lo, hi) holds at most kSampleSegment
+// keys. Every block of the row gets the same answer.
 template <bool kCount, int kThreads, class ForEachKeyIn, class Units, class NeedOf>
 __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, int hi,
-                                        Units&& units, NeedOf&& need_of, float max_z, int rank,
-                                        int blocks, SampleDistShared& ds, SampleShared& sh) {
+                                        Units&& units, NeedOf&& need_of, float max_z,
+                                        float per_unit, int rank, int blocks,
+                                        SampleDistShared& ds, SampleShared& sh) {
   static_assert(kThreads >= kSampleDistBins, "a thread per bin");
   static_assert(kSampleCachedChunks * kSampleChunk <= kSampleSegment,
                 "a cached slice's bins cannot overflow their 32-bit halves");
+  constexpr int kLast = kSampleDistBins - 1;
   int const t = threadIdx.x, lane = t & 31, warp = t >> 5;
   bool const owns_bin = t < kSampleDistBins;
-  if (owns_bin) ds.count[t] = 0, ds.high[t] = 0, ds.low[t] = 0;
   if (t == 0) ds.threshold = kSampleNoKey, ds.fill = 0;
-  __syncthreads();
-  for_each_key_in(lo, hi, [&](int, uint32_t key) {
-    unsigned long long const u = units(key);
-    if (u == 0) return;
-    int const bin = distance_bin(float_from_order_key(key), max_z, kSampleDistPerUnit);
-    atomicAdd(&ds.count[bin], 1u);
-    if constexpr (!kCount) add_split_units(ds.high, ds.low, bin, u);
-  });
-  __syncthreads();
-  if (owns_bin) {
-    ds.units[t] = kCount ? ds.count[t] : split_units(ds.high, ds.low, t);
-  }
-  row_sync(blocks);  // every block's histogram is published
-  // Thread t < bins: bin t over the row, and the keys of bin t in the blocks before this one.
-  unsigned long long bin_units = 0;
-  uint32_t bin_count = 0, before_me = 0;
-  if (owns_bin) {
-#pragma unroll
-    for (int r = 0; r < kSampleMaxCluster; ++r) {
-      if (r < blocks) {
-        uint32_t const c = *cluster_slot(ds.count + t, r, blocks);
-        bin_count += c;
-        before_me += r < rank ? c : 0u;
-        if constexpr (!kCount) bin_units += *cluster_slot(ds.units + t, r, blocks);
+  // A round bins the keys in play, those in the last bin below play_ref (every key at first),
+  // below ref. Top-p's selects take one round: its weight lies near the maximum.
+  constexpr int kRounds = kCount ? kSampleDistRounds : 1;
+  float ref = max_z, play_ref = INFINITY;
+  unsigned long long above = 0, need = 0;  // units of the keys above those in play; the need
+  for (int round = 0;; ++round) {
+    int const buf = round & 1;
+    if (owns_bin) ds.count[buf][t] = 0, ds.high[t] = 0, ds.low[t] = 0;
+    if (t == 0) ds.last_max[buf] = 0;
+    __syncthreads();
+    uint32_t last_max = 0;
+    for_each_key_in(lo, hi, [&](int, uint32_t key) {
+      float const z = float_from_order_key(key);
+      if (round > 0 && distance_bin(z, play_ref, per_unit) != kLast) return;
+      unsigned long long const u = units(key);
+      if (u == 0) return;
+      int const bin = distance_bin(z, ref, per_unit);
+      atomicAdd(&ds.count[buf][bin], 1u);
+      if constexpr (!kCount) add_split_units(ds.high, ds.low, bin, u);
+      if (kRounds > 1 && bin == kLast) last_max = max(last_max, key);
+    });
+    if constexpr (kRounds > 1) {
+      uint64_t const warp_last_max = warp_max_u64(last_max);
+      if (lane == 0 && warp_last_max != 0) {
+        atomicMax(&ds.last_max[buf], static_cast<uint32_t>(warp_last_max));
       }
     }
-    if constexpr (kCount) bin_units = bin_count;
-  }
-  // Inclusive prefix over the bins from bin 0 (the largest keys) up; the row's total.
-  unsigned long long incl = bin_units;
+    __syncthreads();
+    if (owns_bin) {
+      ds.units[buf][t] = kCount ? ds.count[buf][t] : split_units(ds.high, ds.low, t);
+    }
+    row_sync(blocks);  // every block's histogram is published
+    // Thread t < bins: bin t over the row, and the keys of bin t in the blocks before this one.
+    unsigned long long bin_units = 0;
+    uint32_t bin_count = 0, before_me = 0;
+    if (owns_bin) {
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    unsigned long long const x = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += x;
+      for (int r = 0; r < kSampleMaxCluster; ++r) {
+        if (r < blocks) {
+          uint32_t const c = *cluster_slot(ds.count[buf] + t, r, blocks);
+          bin_count += c;
+          before_me += r < rank ? c : 0u;
+          if constexpr (!kCount) bin_units += *cluster_slot(ds.units[buf] + t, r, blocks);
+        }
+      }
+      if constexpr (kCount) bin_units = bin_count;
+    }
+    // Inclusive prefix over the bins from bin 0 (the largest keys) up, after the keys above; the
+    // round's total.
+    unsigned long long incl = bin_units;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      unsigned long long const x = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += x;
+    }
+    if (owns_bin && lane == 31) sh.scratch64[warp] = incl;
+    __syncthreads();
+    unsigned long long total = 0;
+    for (int w = 0; w < kSampleDistBins / 32; ++w) {
+      if (w < warp) incl += sh.scratch64[w];
+      total += sh.scratch64[w];
+    }
+    incl += above;
+    if (round == 0) need = need_of(total);  // the first round sees every key
+    // Prefixes rise with t, so the bins reaching `need` are [chosen, bins).
+    int const chosen = kSampleDistBins - __syncthreads_count(owns_bin && incl >= need);
+    if (t == chosen) {
+      ds.bin = chosen;
+      ds.offset = static_cast<int>(before_me);
+      ds.listed = static_cast<int>(bin_count);
+      ds.above = incl - bin_units;
+    }
+    __syncthreads();
+    if (chosen == kSampleDistBins) return kSampleNoKey;
+    if (ds.listed <= kSampleCandidateCap) break;
+    if (chosen != kLast || round + 1 == kRounds) return kSampleNoKey;
+    // The next reference: the row's largest key in the last bin.
+    static_assert(kSampleMaxCluster <= 32, "a lane per block of the row");
+    if (warp == 0) {
+      uint32_t const mine = lane < blocks ? *cluster_slot(ds.last_max + buf, lane, blocks) : 0u;
+      uint64_t const m = warp_max_u64(mine);
+      if (lane == 0) ds.next_ref = static_cast<uint32_t>(m);
+    }
+    __syncthreads();
+    float const next_ref = float_from_order_key(ds.next_ref);
+    if (!isfinite(next_ref)) return kSampleNoKey;
+    above = ds.above;
+    play_ref = ref;
+    ref = next_ref;
   }
-  if (owns_bin && lane == 31) sh.scratch64[warp] = incl;
-  __syncthreads();
-  unsigned long long total = 0;
-  for (int w = 0; w < kSampleDistBins / 32; ++w) {
-    if (w < warp) incl += sh.scratch64[w];
-    total += sh.scratch64[w];
-  }
-  unsigned long long const need = need_of(total);
-  // Prefixes rise with t, so the bins reaching `need` are [chosen, bins).
-  int const chosen = kSampleDistBins - __syncthreads_count(owns_bin && incl >= need);
-  if (t == chosen) {
-    ds.bin = chosen;
-    ds.offset = static_cast<int>(before_me);
-    ds.listed = static_cast<int>(bin_count);
-    ds.above = incl - bin_units;
-    ds.need = need;
-  }
-  __syncthreads();
-  if (chosen == kSampleDistBins || ds.listed > kSampleCandidateCap) return kSampleNoKey;
   // Every block's keys of the chosen bin into every block's list (this block's from ds.offset).
   int const bin = ds.bin, offset = ds.offset, listed = ds.listed;
   for_each_key_in(lo, hi, [&](int, uint32_t key) {
-    if (distance_bin(float_from_order_key(key), max_z, kSampleDistPerUnit) != bin) return;
+    float const z = float_from_order_key(key);
+    if (distance_bin(z, ref, per_unit) != bin || distance_bin(z, play_ref, per_unit) != kLast) {
+      return;
+    }
     unsigned long long const u = units(key);
     if (u == 0) return;
     int const slot = offset + atomicAdd(&ds.fill, 1);
@@ -917,7 +966,7 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
   row_sync(blocks);  // every list is whole
   // A warp per key of this block: units above it and equal to it over the list. The threshold is
   // the key where the running units first reach `need`.
-  unsigned long long const above = ds.above;
+  unsigned long long const above_bin = ds.above;
   for (int i = offset + warp; i < offset + ds.fill; i += kThreads / 32) {
     uint32_t const key = ds.cand_key[i];
     unsigned long long greater = 0, equal = 0;
@@ -929,7 +978,7 @@ __device__ uint32_t row_distance_select(ForEachKeyIn&& for_each_key_in, int lo, 
     }
     greater = warp_sum_u64(greater);
     equal = warp_sum_u64(equal);
-    if (lane == 0 && above + greater < need && need <= above + greater + equal) {
+    if (lane == 0 && above_bin + greater < need && need <= above_bin + greater + equal) {
       for (int r = 0; r < blocks; ++r) *cluster_slot(&ds.threshold, r, blocks) = key;
     }
   }
@@ -958,19 +1007,20 @@ __device__ inline void for_each_cached_key(uint4 const* keys4, int base, int a, 
 // keys top-k keeps, in fixed-point weight units. Each select is the distance select where the
 // keys are `cached` in shared memory and its chosen bin fits the candidate list, else the radix
 // passes (`radix` is then set: their last remote reads need a closing barrier). max_z: the row's
-// maximum (finite). Every block of the row gets the same key.
+// maximum (finite); per_unit: distance_per_unit of the row's temperature. Every block of the row
+// gets the same key.
 template <int kThreads, class ForEachKeyIn>
 __device__ uint32_t row_threshold_key(ForEachKeyIn&& for_each_key_in, int lo, int hi, bool cached,
-                                      float max_z, int32_t top_k, float top_p, int vocab,
-                                      int rank, int blocks, bool& radix, SampleDistShared& ds,
-                                      SampleShared& sh) {
+                                      float max_z, float per_unit, int32_t top_k, float top_p,
+                                      int vocab, int rank, int blocks, bool& radix,
+                                      SampleDistShared& ds, SampleShared& sh) {
   int pass = 0;
   uint32_t min_key = 0;
   // kCount: every key counts 1.
   auto select = [&](auto count, auto&& units, auto&& need_of) {
     if (cached) {
       uint32_t const key = row_distance_select<decltype(count)::value, kThreads>(
-          for_each_key_in, lo, hi, units, need_of, max_z, rank, blocks, ds, sh);
+          for_each_key_in, lo, hi, units, need_of, max_z, per_unit, rank, blocks, ds, sh);
       if (key != kSampleNoKey) return key;
     }
     radix = true;
@@ -1003,8 +1053,9 @@ __device__ uint32_t row_threshold_key(ForEachKeyIn&& for_each_key_in, int lo, in
 // Out of line, with shared memory of its own, so the whole-row path keeps its code and registers.
 template <int kThreads>
 __device__ __noinline__ uint32_t listed_row_threshold(SampleChunkPartial* parts, int chunks,
-                                                      uint32_t const* row_lists, float inv_t,
-                                                      int32_t top_k, float top_p, int vocab) {
+                                                      uint32_t const* row_lists,
+                                                      float temperature, int32_t top_k,
+                                                      float top_p, int vocab) {
   extern __shared__ uint4 list_keys4[];
   __shared__ SampleShared sh;
   __shared__ SampleDistShared ds;
@@ -1013,6 +1064,7 @@ __device__ __noinline__ uint32_t listed_row_threshold(SampleChunkPartial* parts,
   static_assert(kSampleListMaxChunks <= kThreads, "a thread per chunk");
   uint32_t* keys = reinterpret_cast<uint32_t*>(list_keys4);
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float const inv_t = 1.0f / temperature;
   {
     int const c = threadIdx.x;
     uint32_t listed = 0;
@@ -1047,8 +1099,10 @@ __device__ __noinline__ uint32_t listed_row_threshold(SampleChunkPartial* parts,
     for_each_cached_key<kThreads>(list_keys4, 0, a, e, f);
   };
   bool radix = false;
-  uint32_t const min_key = row_threshold_key<kThreads>(for_each_key_in, 0, listed, true, max_z,
-                                                       top_k, top_p, vocab, 0, 1, radix, ds, sh);
+  uint32_t const min_key =
+      row_threshold_key<kThreads>(for_each_key_in, 0, listed, true, max_z,
+                                  distance_per_unit(temperature), top_k, top_p, vocab, 0, 1, radix,
+                                  ds, sh);
   for (int c = warp; c < chunks; c += kThreads / 32) {
     float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
     float mass = 0.0f;
@@ -1169,7 +1223,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (__syncthreads_and(all_listed)) {
       if (rank == 0) {
         uint32_t const key = listed_row_threshold<kThreads>(
-            parts, chunks, lists + row * sample_list_entries(vocab), inv_t, top_k, top_p, vocab);
+            parts, chunks, lists + row * sample_list_entries(vocab), temperature, top_k, top_p,
+            vocab);
         if (threadIdx.x == 0) min_keys[row] = key;
       }
       return;
@@ -1228,8 +1283,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   bool radix = false;  // row_radix_select ran: its last remote reads need the closing barrier
   if (isfinite(max_z)) {  // else sample_kernel reports kSampleBadLogits from the argmaxes
     // 2-3. top-k, then top-p over the kept tokens.
-    min_key = row_threshold_key<kThreads>(for_each_key_in, lo, hi, split.cached, max_z, top_k,
-                                          top_p, vocab, rank, split.blocks, radix, ds, sh);
+    min_key = row_threshold_key<kThreads>(for_each_key_in, lo, hi, split.cached, max_z,
+                                          distance_per_unit(temperature), top_k, top_p, vocab,
+                                          rank, split.blocks, radix, ds, sh);
     // 4. Each chunk's kept mass about its own maximum.
     for (int c = c_lo; c < c_hi; ++c) {
       float const chunk_max_z = unpack_value(parts[c].argmax) * inv_t;
