@@ -144,8 +144,8 @@ TEST_CASE("sample: the threshold kernel's keys equal the reference's (top-k exac
   // one flat chunk (that chunk overflows: the row takes the whole-row passes), and continuous
   // with one dominant token 60 above the rest (the whole-row select and the dominant token's
   // chunk's list bin again below it), and in tiers: a dominant token, 20 tokens near 30, the rest
-  // (the whole-row select bins three times); V = 300000 and V = 163840 over 4 blocks (10 chunks each) re-read their slices
-  // instead of caching them (the radix passes).
+  // (the whole-row select bins three times); V = 300000 and V = 163840 over 4 blocks (10 chunks
+  // each) re-read their slices instead of caching them (the radix passes).
   enum Logits { kContinuous, kGrid, kFlat, kOneFlatChunk, kDominant, kTiers };
   struct Case { int vocab, max_blocks; Logits logits; };
   Case const cases[] = {{1003, 1, kContinuous},   {32000, 3, kGrid},       {32000, 16, kContinuous},
