@@ -1,6 +1,6 @@
 // draft_select on the H200.
-//   BM_draft_expand: batch {1, 8, 64} x topk {1, 4, 8} x Vd {32000, 163840} at step 1 (K_in =
-//     topk branches, the step every draft step after the first looks like) plus step 0 (one
+//   BM_draft_expand: batch {1, 8, 64, 256} x topk {1, 4, 8} x Vd {32000, 163840} at step 1
+//     (K_in = topk branches, the step every draft step after the first looks like) plus step 0 (one
 //     branch) at batch 1. Bytes per launch = the logits read once (outputs are a few KB); compare
 //     bytes_per_second with BM_copy_floor (target >= 60% of it at batch 64). Logit sets are
 //     rotated so >= 128 MB (> 2x the 50 MB L2) separates two reads of the same logits.
@@ -82,7 +82,7 @@ void BM_draft_expand(benchmark::State& state) {
 void draft_expand_sizes(benchmark::internal::Benchmark* b) {
   for (int vocab : {32000, 163840}) {
     b->Args({1, 4, vocab, 0});
-    for (int batch : {1, 8, 64}) {
+    for (int batch : {1, 8, 64, 256}) {
       for (int topk : {1, 4, 8}) b->Args({batch, topk, vocab, 1});
     }
   }

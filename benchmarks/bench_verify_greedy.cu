@@ -1,5 +1,5 @@
 // verify_greedy on the H200: argmax over logits [B, N, V] plus the acceptance pass, batch
-// {1,8,64,256} x nodes {4,16,64} x vocab {32000,163840} (logits over 4 GB skipped). Bytes per
+// {1,8,64,256} x nodes {4,8,16,32,64} x vocab {32000,163840} (logits over 4 GB skipped). Bytes per
 // launch = the logits read once; compare bytes_per_second with BM_copy_floor. Input sets are
 // rotated so at least 256 MB (>> 50 MB L2) separates two reads of the same logits.
 #include <algorithm>
@@ -62,7 +62,7 @@ void BM_verify_greedy(benchmark::State& state) {
 
 void verify_greedy_sizes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8, 64, 256}) {
-    for (int nodes : {4, 16, 64}) {
+    for (int nodes : {4, 8, 16, 32, 64}) {
       for (int vocab : {32000, 163840}) {
         if (static_cast<double>(batch) * nodes * vocab * 4 > 4e9) continue;
         b->Args({batch, nodes, vocab});

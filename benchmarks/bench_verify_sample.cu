@@ -1,12 +1,14 @@
-// verify_sample: batch {1, 8, 64} x nodes {4, 16, 64} x V {32000, 163840}, deterministic and
-// sampled drafts, temperature 1 (filtered 1: with top-k 50 and top-p 0.9). Trees are chains
-// (top-k 1) whose drafts are the target argmax, so every node is accepted: the worst case (one
-// row visited per depth). BM_verify_sample_rejected: the same chains of 4 whose drafts the
-// target gives ~0, so the root's child is rejected and the correction drawn there (with sampled
-// drafts: from the residual). bytes_per_launch = what the kernels must read: the logit rows,
-// B * N * V * 4, and with sampled drafts rejected at the root each request's root draft row
-// (the residual's), B * V * 4 (accepted drafts need one draft probability each). Inputs are not
-// rotated (up to 2.7 GB at 64 x 64 x 163840); the largest cases exceed L2 by themselves.
+// verify_sample: batch {1, 8, 64, 256} x nodes {4, 8, 16, 32, 64} x V {32000, 163840} with
+// deterministic drafts, and batch {1, 8, 64, 256} x nodes {4, 16} x V with sampled drafts and
+// with deterministic ones filtered (top-k 50 and top-p 0.9); temperature 1; cases whose inputs
+// exceed kMaxInputBytes skipped. Trees are chains (top-k 1) whose drafts are the target argmax,
+// so every node is accepted: the worst case (one row visited per depth).
+// BM_verify_sample_rejected: the same chains of 4 whose drafts the target gives ~0, so the root's
+// child is rejected and the correction drawn there (with sampled drafts: from the residual).
+// bytes_per_launch = what the kernels must read: the logit rows, B * N * V * 4, and with sampled
+// drafts rejected at the root each request's root draft row (the residual's), B * V * 4
+// (accepted drafts need one draft probability each). Inputs are not rotated (up to 4 GB); the
+// largest cases exceed L2 by themselves.
 #include <vector>
 
 #include "specdec/core/cuda.cuh"
@@ -82,11 +84,26 @@ void BM_verify_sample_rejected(benchmark::State& state) {
                     state.range(2) != 0, false, true);
 }
 
+// Logits and draft probabilities a case may hold on the device (and build on the host).
+constexpr double kMaxInputBytes = 4e9;
+
+void verify_sample_sizes(benchmark::internal::Benchmark* b) {
+  for (int mode : {0, 1, 2}) {  // deterministic drafts, sampled drafts, filtered
+    for (int batch : {1, 8, 64, 256}) {
+      for (int nodes : {4, 8, 16, 32, 64}) {
+        if (mode != 0 && nodes != 4 && nodes != 16) continue;
+        for (int vocab : {32000, 163840}) {
+          double const bytes =
+              static_cast<double>(batch) * nodes * vocab * 4 * (mode == 1 ? 2 : 1);
+          if (bytes <= kMaxInputBytes) b->Args({batch, nodes, vocab, mode == 1, mode == 2});
+        }
+      }
+    }
+  }
+}
 SPECDEC_CUDA_BENCHMARK(BM_verify_sample)
     ->ArgNames({"batch", "nodes", "vocab", "sampled", "filtered"})
-    ->ArgsProduct({{1, 8, 64}, {4, 16, 64}, {32000, 163840}, {0}, {0}})
-    ->ArgsProduct({{1, 8}, {4, 16}, {32000, 163840}, {1}, {0}})
-    ->ArgsProduct({{1, 8, 64}, {4, 16}, {32000, 163840}, {0}, {1}});
+    ->Apply(verify_sample_sizes);
 SPECDEC_CUDA_BENCHMARK(BM_verify_sample_rejected)
     ->ArgNames({"batch", "vocab", "sampled"})
     ->ArgsProduct({{1, 8}, {32000, 163840}, {0, 1}});
