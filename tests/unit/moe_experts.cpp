@@ -368,51 +368,59 @@ TEST_CASE("moe_experts: validate names every bad input") {
 }
 
 TEST_CASE("moe_experts: the INT4 tiled order, worked by hand") {
-  // 32 rows x 160 columns: 5 pieces per row, so each band has a full chunk (pieces 0-3) and a
-  // last chunk of one piece; 160 pieces in all.
+  // 32 rows x 160 columns: 20 words (5 pieces) per row, so each band has a full chunk (words
+  // 0-15, transposed 4 x 4) and a last chunk of one piece (words 16-19, in order); 640 words.
   int64_t const rows = 32, cols = 160;
   struct At {
-    int64_t r, p, want;
+    int64_t r, k, want;
   };
   At const cases[] = {
-      {0, 0, 0},    {0, 3, 3},    {1, 0, 4},     {2, 1, 9},     {15, 3, 63},  // band 0, chunk 0
-      {0, 4, 64},   {1, 4, 65},   {15, 4, 79},                                // its 1-piece chunk
-      {16, 0, 80},  {17, 2, 86},  {31, 3, 143},  {16, 4, 144},  {31, 4, 159}  // band 1
+      // band 0, chunk 0: word k = 4 b + j (block b, word j of it) lands as word b of slot j
+      {0, 0, 0},     {0, 1, 4},     {0, 4, 1},     {0, 6, 9},    {0, 15, 15},
+      {2, 13, 39},   {15, 15, 255},
+      {0, 16, 256},  {1, 18, 262},  {15, 19, 319},                  // its 1-piece chunk
+      {16, 0, 320},  {17, 9, 342},  {31, 15, 575}, {16, 16, 576}, {31, 19, 639}  // band 1
   };
   for (At const& a : cases) {
     CAPTURE(a.r);
-    CAPTURE(a.p);
-    CHECK(moe_int4_tiled_piece(cols, a.r, a.p) == a.want);
+    CAPTURE(a.k);
+    CHECK(moe_int4_tiled_word(cols, a.r, a.k) == a.want);
   }
-  // A permutation of the pieces for every shape the experts can have (up to partial chunks of
+  // A permutation of the words for every shape the experts can have (up to partial chunks of
   // 1, 2 and 3 pieces).
   for (int64_t c : {32, 64, 96, 128, 160, 224, 256, 7168}) {
-    std::vector<int> seen(static_cast<size_t>(48 * (c / 32)), 0);
+    std::vector<int> seen(static_cast<size_t>(48 * (c / 8)), 0);
     for (int64_t r = 0; r < 48; ++r) {
-      for (int64_t p = 0; p < c / 32; ++p) {
-        ++seen[static_cast<size_t>(moe_int4_tiled_piece(c, r, p))];
-      }
+      for (int64_t k = 0; k < c / 8; ++k) ++seen[static_cast<size_t>(moe_int4_tiled_word(c, r, k))];
     }
     CAPTURE(c);
     CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   }
+  // The scales multiply the mma's sums where each group is 32 columns and every chunk is full.
+  CHECK(moe_int4_scales_after_mma(7168, 32));
+  CHECK(moe_int4_scales_after_mma(2048, 32));
+  CHECK_FALSE(moe_int4_scales_after_mma(160, 32));
+  CHECK_FALSE(moe_int4_scales_after_mma(2048, 64));
+  CHECK_FALSE(moe_int4_scales_after_mma(2048, 8));
   // A word's nibbles (column k's at bits 4k) go to the order 0 2 4 6 1 3 5 7: columns 2i, 2i + 1
   // in nibbles i, i + 4.
   CHECK(moe_int4_pair_nibbles(0x76543210u) == 0x75316420u);
   CHECK(moe_int4_pair_nibbles(0x000000F0u) == 0x000F0000u);  // column 1 -> nibble 4
   CHECK(moe_int4_pair_nibbles(0xF0000000u) == 0xF0000000u);         // column 7 -> nibble 7
-  // The conversion moves whole pieces: word k of piece (r, p) lands as word k of its place, its
-  // nibbles reordered.
+  // The conversion moves words to the places above, their nibbles reordered.
   std::vector<int32_t> src(static_cast<size_t>(rows * cols / 8)), dst(src.size(), -1);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int32_t>(0x9E3779B9u * (i + 1));
   REQUIRE(moe_experts_tile_int4(CpuExecutor{}, src.data(), rows, cols, dst.data()).ok());
-  auto moved = [&](int64_t r, int64_t p, int k) {
-    uint32_t const word = static_cast<uint32_t>(src[static_cast<size_t>(4 * (r * 5 + p) + k)]);
+  auto moved = [&](int64_t r, int64_t k) {
+    uint32_t const word = static_cast<uint32_t>(src[static_cast<size_t>(r * 20 + k)]);
     return static_cast<int32_t>(moe_int4_pair_nibbles(word));
   };
-  CHECK(dst[4 * 64 + 0] == moved(0, 4, 0));
-  CHECK(dst[4 * 86 + 3] == moved(17, 2, 3));
-  CHECK(dst[4 * 159 + 1] == moved(31, 4, 1));
+  CHECK(dst[4] == moved(0, 1));
+  CHECK(dst[1] == moved(0, 4));
+  CHECK(dst[39] == moved(2, 13));
+  CHECK(dst[262] == moved(1, 18));
+  CHECK(dst[342] == moved(17, 9));
+  CHECK(dst[639] == moved(31, 19));
 
   // Shapes without a tiled order, null and overlapping buffers are refused by name.
   testing::check_error(moe_experts_tile_int4(CpuExecutor{}, src.data(), 24, cols, dst.data()),

@@ -24,30 +24,35 @@
 //      (workspace h, by sorted position).
 //   4. int4_mma<down> grid (ceil(H / 128), S) x 4 warps: warp w takes 32 rows of down_e (two
 //      16-row tiles) over all of I, reading h, and writes out[a, j] for each assignment a.
-//   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads the 32 packed
-//   columns 32 q .. 32 q + 31 of its rows g and g + 8 of each of its two 16-row tiles (one
-//   128-bit load per row: 4 words; the packed words are in params.hpp's tiled order, so each of
-//   these loads reads 512 contiguous bytes per warp), their scales (row-major; one per row when
-//   the group size is a power of two >= 32, else one per word) and the same 32 columns of token
-//   g's operand (4 x 128 bits: x's bf16 for gate / up, h for down, as they lie in memory); the
-//   next chunk's loads are issued before this chunk is used (two chunk buffers in registers).
-//   A lane past the reduction's end reads the chunk's first
-//   piece with scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are
-//   multiples of 32).
-//   ptxas (nvcc 13, sm_90, -O3): 124 / 123 registers (gate_up / down; 128 / 128 with per-word
-//   scales, for narrow or non-power-of-two groups), no spills.
+//   Per warp and 128-column chunk (lane = 4 g + q): lane q of each quad loads slot q of its rows
+//   g and g + 8 of each of its two 16-row tiles (one 128-bit load per row: 4 words; the packed
+//   words are in params.hpp's tiled order, so each of these loads reads 512 contiguous bytes per
+//   warp), the scales of its 4 words (row-major) and the operand columns of its 4 words (token
+//   g's: 4 x 128 bits of x's bf16 for gate / up, h for down, as they lie in memory); the next
+//   chunk's loads are issued before this chunk is used (two chunk buffers in registers). In a
+//   full chunk word j of slot q holds columns 32 j + 8 q .., in a partial last chunk columns
+//   32 q + 8 j .. (params.hpp); a lane past the reduction's end reads the chunk's first slot with
+//   scale 0, so it adds exactly 0. Every tile's 16 rows exist (hidden and inter are multiples of
+//   32).
 //   Dequantisation of a word (8 nibbles n0..n7): (w >> 4i) & 0x000F000F | 0x43004300 (one LOP3,
-//   int4_pair_base) is the bf16 pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 is (n - 8)
-//   exactly; times the scale is the weight rounded to bf16 once. The tiled order's nibble order
-//   (params.hpp) puts columns 2i, 2i + 1 in nibbles i, i + 4, so pair i is the weights of
-//   columns (2i, 2i + 1), and the operand's 32-bit register i of the word is that column pair
-//   too. Fragments: any order of the reduction columns works if A and B agree, so the 16 columns
-//   of an mma are, for lane quad position q, pairs of its word: mma 1 of a word takes A = pairs
-//   0, 1 of rows g, g + 8 and B = token g's registers 0, 1 (columns 0-3), mma 2 the pairs and
-//   registers 2, 3.
-//   Accumulator lane (g, q) holds rows g, g + 8 x tokens 2q, 2q + 1.
-//   Numerics: the bf16 GEMM of the dense layers (x, the dequantised weights and h rounded to bf16,
-//   fp32 sums); reference.hpp's bf16_operands mode is its oracle.
+//   int4_pair_base) is the bf16 pair (128 + n_i, 128 + n_{i+4}), i < 4; minus 136 (one HFMA2) is
+//   (n - 8) exactly. The tiled order's nibble order (params.hpp) puts columns 2i, 2i + 1 in
+//   nibbles i, i + 4, so pair i is the weights of columns (2i, 2i + 1), and the operand's 32-bit
+//   register i of the word is that column pair too. Fragments: any order of the reduction
+//   columns works if A and B agree, so the 16 columns of an mma are, for lane quad position q,
+//   pairs of its word j: mma 1 of word j takes A = pairs 0, 1 of rows g, g + 8 and B = token g's
+//   registers 0, 1 of word j, mma 2 pairs and registers 2, 3. Accumulator lane (g, q) holds rows
+//   g, g + 8 x tokens 2q, 2q + 1. Two forms:
+//   - scales after the mma (kAfter: params.hpp's moe_int4_scales_after_mma, Kimi's matrices):
+//     word j of the quad's 4 lanes is 32 columns of one group, so word j's two mmas sum (n - 8) x
+//     from a zero accumulator (bf16 products, exact in the fp32 sum), and the group's scales
+//     (rows g, g + 8) multiply that sum into the accumulator: 4 FFMA a tile and word, where the
+//     other form spends 16 HMUL2.
+//   - weights rounded (any other group or width): (n - 8) times the word's scale is the weight
+//     rounded to bf16 once (one HMUL2 a pair), and the mmas accumulate across words.
+//   Numerics: the bf16 GEMM of the dense layers (x and h rounded to bf16, fp32 sums) on the exact
+//   weights (kAfter) or on the weights rounded to bf16; reference.hpp's bf16_operands mode is its
+//   oracle. ptxas's registers: at the kernel.
 //   bf16 experts, on CUDA cores (fp32 math on the exact bf16 values):
 //   2'. rows<gate/up> grid (ceil(I / 8), S): block (x, s) takes the s-th active expert and 8
 //      rows n of I; each of its 8 warps owns one row of gate AND the same row of up. The block
@@ -64,9 +69,9 @@
 //      j..] in k order (float; deterministic, no atomics), then + addend[t, j..] where given;
 //      slots with an id outside [0, E) add 0. With addend_ready the stream waits for that event
 //      right before this kernel, so work on another stream that writes addend overlaps the rest.
-//   tile_int4 (at load, not per step): a packed matrix into the tiled order (pieces moved, each
-//      word's nibbles reordered), one thread per 128-bit piece (reads coalesced, 16-byte writes
-//      scattered), out of place.
+//   tile_int4 (at load, not per step): a packed matrix into the tiled order (words moved, each
+//      word's nibbles reordered), one thread per 128-bit piece (reads coalesced, its 4 words'
+//      writes scattered), out of place.
 // Every kernel is launched with programmatic dependent launch (core/cuda.cuh's launch_kernel).
 // bf16 path: rows of a block past the matrix's end are clamped for the loads and not written;
 // columns past the end (H or I not a multiple of the chunk) load zeros.
@@ -106,7 +111,6 @@ struct Plan {
   void* xb;          // [T, H] bf16 (INT4): the workspace's, or the caller's x_bf16
   float* out;        // [N, H] by assignment
   int slots;         // min(E, N)
-  int group_shift;   // log2(group_size) when it is a power of two, else -1 (INT4)
   bool in_warp;      // N <= kInWarpAssignments: offsets / active / sorted are not written; the
                      // expert kernels group the ids themselves (slot_view)
 };
@@ -455,11 +459,10 @@ __device__ __forceinline__ uint32_t int4_pair_base() {
   return base;
 }
 
-// The 4 bf16 pairs (nibble i, nibble i + 4) of packed word `word`, i < 4, as (nibble - 8) *
-// scale: in the tiled order's nibble order, the weights of columns (2i, 2i + 1). base:
-// int4_pair_base().
-__device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale, uint32_t base,
-                                             uint32_t (&pairs)[4]) {
+// The 4 bf16 pairs (nibble i, nibble i + 4) of packed word `word`, i < 4, as nibble - 8 (exact):
+// in the tiled order's nibble order, columns (2i, 2i + 1). base: int4_pair_base().
+__device__ __forceinline__ void int4_word_pairs(uint32_t word, uint32_t base,
+                                                __nv_bfloat162 (&pairs)[4]) {
   uint32_t const one_bits = 0x3F803F80u, minus136_bits = 0xC308C308u;  // (1, 1), (-136, -136)
   __nv_bfloat162 const one = *reinterpret_cast<__nv_bfloat162 const*>(&one_bits);
   __nv_bfloat162 const minus136 = *reinterpret_cast<__nv_bfloat162 const*>(&minus136_bits);
@@ -468,33 +471,36 @@ __device__ __forceinline__ void dequant_word(uint32_t word, __nv_bfloat162 scale
     uint32_t bits;  // ((word >> 4 i) & 0x000F000F) | base: 128 + n, one LOP3
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(bits) : "r"(word >> (4 * i)), "n"(0x000F000F),
         "r"(base));
-    __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 const*>(&bits);
-    v = __hfma2(v, one, minus136);  // n - 8, exact
-    pairs[i] = bf16x2_bits(__hmul2(v, scale));
+    pairs[i] = __hfma2(*reinterpret_cast<__nv_bfloat162 const*>(&bits), one, minus136);
   }
 }
 
+// A bf16 scale's bits (low or high half of a register) as a float.
+__device__ __forceinline__ float bf16_low_float(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_high_float(uint32_t v) {
+  return __uint_as_float(v & 0xFFFF0000u);
+}
+
 // One warp's loads for one 128-column chunk: packed words of its two A tiles (rows g and g + 8
-// of each), their scales as bf16 pairs (s, s) (kScales: one per row, or one per word when a
-// group is narrower than the lane's 32 columns; 0 past the matrix's end, so those columns
-// contribute exactly 0), and token g's operand.
-template <int kScales>
+// of each), their scales and token g's operand. kAfter: the 4 words' groups' scales of each row
+// as two bf16 pairs (words 0, 1 and 2, 3); otherwise each word's scale as a bf16 pair (s, s), 0
+// past the matrix's end, so those columns contribute exactly 0.
+template <bool kAfter>
 struct Int4Chunk {
-  uint4 w[2][2];               // [tile][row g / g + 8]
-  uint32_t s[2][2][kScales];
-  uint4 b[4];                  // 8 operand values per word
+  uint4 w[2][2];                    // [tile][row g / g + 8]
+  uint32_t s[2][2][kAfter ? 2 : 4];
+  uint4 b[4];                       // word j's 8 operand values
 };
 
 // 3. (kGateUp: tiles = gate and up rows 16 blockIdx.x .., split K over the warps) and
-// 4. (!kGateUp: tiles = down rows 32 (4 blockIdx.x + warp) .. + 31, all of I). kOneScale: the
-// group size is a power of two >= 32 (a lane's 32 columns share one scale, at column >> shift);
-// otherwise each word's scale is looked up (column / group).
-template <bool kGateUp, bool kOneScale>
+// 4. (!kGateUp: tiles = down rows 32 (4 blockIdx.x + warp) .. + 31, all of I). kAfter: the
+// matrices have moe_int4_scales_after_mma (the launch checks it).
+// ptxas (nvcc 13, sm_90, -O3): 128 / 127 registers (gate_up / down) in both forms, no spills.
+template <bool kGateUp, bool kAfter>
 __global__ void __launch_bounds__(kMmaWarps * 32, 4)
     moe_experts_int4_mma_kernel(__grid_constant__ MoeExpertsParams const p,
                                 __grid_constant__ Plan const plan) {
   await_prior_kernels();
-  constexpr int kScales = kOneScale ? 1 : 4;
   __shared__ float partial[kGateUp ? kMmaWarps : 1][32][8];
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   SlotView const slot = slot_view(p, plan, static_cast<int>(blockIdx.y), lane);
@@ -503,7 +509,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   int const begin = slot.begin, end = slot.end;
   int const rows = kGateUp ? p.inter : p.hidden;  // output rows of each matrix
   int const cols = kGateUp ? p.hidden : p.inter;  // reduction length
-  int const group = p.w.group_size, shift = plan.group_shift;
+  int const group = p.w.group_size;
   int const row0 = kGateUp ? blockIdx.x * kMmaTileRows
                            : (blockIdx.x * kMmaWarps + warp) * kDownRowsPerWarp;
   if (!kGateUp && row0 >= rows) return;  // no barrier below on this path
@@ -531,57 +537,82 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   int const per_warp = kGateUp ? (nchunks + kMmaWarps - 1) / kMmaWarps : nchunks;
   int const ch0 = kGateUp ? min(nchunks, warp * per_warp) : 0;
   int const ch1 = min(nchunks, ch0 + per_warp);
-  // Chunk ch's loads from the lane's first piece, the chunk's pieces a row w, the lane's first
-  // column `at` and whether it lies inside the row (else its scales are 0).
-  auto load_at = [&](uint4 const* operand, int piece, int w, int at, bool in,
-                     Int4Chunk<kScales>& c) {
+  int const full_chunks = cols / kMmaChunk;
+  // Chunk ch's loads (the tiled order, params.hpp: the chunk's w slots a row, row by row). A
+  // full chunk (every chunk with kAfter) loads from offsets fixed per lane; in a partial last
+  // chunk a lane past the end reads the chunk's first slot of its row and column 0 of the
+  // operand, with scale 0 (no branches).
+  auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kAfter>& c) {
+    int const first = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces);
+    bool const full = kAfter || ch < full_chunks;  // warp-uniform
+    int const w = full ? kMoeInt4ChunkPieces : moe_int4_chunk_width(pieces, ch);
+    bool const in = full || 32 * q < cols - ch * kMmaChunk;
+    int const at = first + g * w + (in ? q : 0);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        c.w[m][h] = __ldg(band[m] + piece + 8 * h * w);
-#pragma unroll
-        for (int k = 0; k < kScales; ++k) {
-          int const sc = at + 8 * k;
-          uint32_t const bits = __ldg(scales[m][h] + (kOneScale ? sc >> shift : sc / group));
-          c.s[m][h][k] = in ? bits * 0x10001u : 0u;
-        }
-      }
+      for (int h = 0; h < 2; ++h) c.w[m][h] = __ldg(band[m] + at + 8 * h * w);
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) c.b[j] = __ldg(operand + at / 8 + j);
-  };
-  // A chunk of 4 pieces a row (all but a last partial one) loads from offsets fixed per lane;
-  // in a last partial chunk, a lane past the end reads the chunk's first piece of its row and
-  // column 0 of the operand, with scale 0 (no branches).
-  int const full_chunks = cols / kMmaChunk;
-  auto load_chunk = [&](uint4 const* operand, int ch, Int4Chunk<kScales>& c) {
-    int const col = ch * kMmaChunk + 32 * q;
-    // The tiled order (params.hpp): the chunk's w pieces per row, row by row.
-    int const first = ch * (kMoeInt4BandRows * kMoeInt4ChunkPieces);
-    if (ch < full_chunks) {  // warp-uniform
-      load_at(operand, first + g * kMoeInt4ChunkPieces + q, kMoeInt4ChunkPieces, col, true, c);
-      return;
-    }
-    bool const in = col < cols;
-    int const w = moe_int4_chunk_width(pieces, ch);
-    load_at(operand, first + g * w + (in ? q : 0), w, in ? col : 0, in, c);
-  };
-  // acc[m] += tile m's rows x the chunk's operand columns.
-  auto mma_chunk = [&](Int4Chunk<kScales> const& c, float (&acc)[2][4]) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    if constexpr (kAfter) {  // groups 4 ch .. 4 ch + 3; word j's columns 128 ch + 32 j + 8 q
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        uint32_t a[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          uint32_t const s2 = c.s[m][h][kOneScale ? 0 : w];
-          dequant_word(word_of(c.w[m][h], w), *reinterpret_cast<__nv_bfloat162 const*>(&s2),
-                       pair_base, a[h]);
+          uint2 const v = __ldg(reinterpret_cast<uint2 const*>(scales[m][h] + 4 * ch));
+          c.s[m][h][0] = v.x;
+          c.s[m][h][1] = v.y;
         }
-        mma_bf16_16816(acc[m], a[0][0], a[1][0], a[0][1], a[1][1], c.b[w].x, c.b[w].y);
-        mma_bf16_16816(acc[m], a[0][2], a[1][2], a[0][3], a[1][3], c.b[w].z, c.b[w].w);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c.b[j] = __ldg(operand + 16 * ch + 4 * j + q);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int const col = !in ? 0 : full ? ch * kMmaChunk + 32 * j + 8 * q
+                                       : ch * kMmaChunk + 32 * q + 8 * j;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t const bits = __ldg(scales[m][h] + col / group);
+            c.s[m][h][j] = in ? bits * 0x10001u : 0u;
+          }
+        }
+        c.b[j] = __ldg(operand + col / 8);
+      }
+    }
+  };
+  // acc[m] += tile m's rows x the chunk's operand columns.
+  auto mma_chunk = [&](Int4Chunk<kAfter> const& c, float (&acc)[2][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        __nv_bfloat162 a[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int4_word_pairs(word_of(c.w[m][h], j), pair_base, a[h]);
+          if constexpr (!kAfter) {
+            __nv_bfloat162 const s2 = *reinterpret_cast<__nv_bfloat162 const*>(&c.s[m][h][j]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[h][i] = __hmul2(a[h][i], s2);
+          }
+        }
+        float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float(&d)[4] = kAfter ? zero : acc[m];
+        mma_bf16_16816(d, bf16x2_bits(a[0][0]), bf16x2_bits(a[1][0]), bf16x2_bits(a[0][1]),
+                       bf16x2_bits(a[1][1]), c.b[j].x, c.b[j].y);
+        mma_bf16_16816(d, bf16x2_bits(a[0][2]), bf16x2_bits(a[1][2]), bf16x2_bits(a[0][3]),
+                       bf16x2_bits(a[1][3]), c.b[j].z, c.b[j].w);
+        if constexpr (kAfter) {  // group j's scales of rows g (d 0, 1) and g + 8 (d 2, 3)
+          uint32_t const s0 = c.s[m][0][j >> 1], s1 = c.s[m][1][j >> 1];
+          float const sg = (j & 1) ? bf16_high_float(s0) : bf16_low_float(s0);
+          float const sg8 = (j & 1) ? bf16_high_float(s1) : bf16_low_float(s1);
+          acc[m][0] = fmaf(sg, d[0], acc[m][0]);
+          acc[m][1] = fmaf(sg, d[1], acc[m][1]);
+          acc[m][2] = fmaf(sg8, d[2], acc[m][2]);
+          acc[m][3] = fmaf(sg8, d[3], acc[m][3]);
+        }
       }
     }
   };
@@ -597,7 +628,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
         kGateUp ? xb + static_cast<int64_t>(assignment_at(plan, slot, pos) / p.top_k) * cols
                 : hb + static_cast<int64_t>(pos) * cols);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    Int4Chunk<kScales> even, odd;  // ping-pong: one is used while the next is loaded
+    Int4Chunk<kAfter> even, odd;  // ping-pong: one is used while the next is loaded
     if (ch0 < ch1) load_chunk(operand, ch0, even);
     for (int ch = ch0; ch < ch1; ch += 2) {
       if (ch + 1 < ch1) load_chunk(operand, ch + 1, odd);
@@ -647,30 +678,33 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   }
 }
 
-template <bool kOneScale>
-inline Status moe_experts_launch_int4(MoeExpertsParams const& p, Plan const& plan,
-                                      cudaStream_t stream) {
-  dim3 const gate_up_grid(ceil_div(p.inter, kMmaTileRows), plan.slots);
-  SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_int4_mma_kernel<gate_up>",
-                                        moe_experts_int4_mma_kernel<true, kOneScale>, gate_up_grid,
-                                        kMmaWarps * 32, 0, stream, p, plan));
-  dim3 const down_grid(ceil_div(p.hidden, kMmaWarps * kDownRowsPerWarp), plan.slots);
-  return launch_kernel("moe_experts_int4_mma_kernel<down>",
-                       moe_experts_int4_mma_kernel<false, kOneScale>, down_grid, kMmaWarps * 32, 0,
-                       stream, p, plan);
+template <bool kGateUp>
+inline Status moe_experts_launch_int4_mma(MoeExpertsParams const& p, Plan const& plan,
+                                          cudaStream_t stream) {
+  dim3 const grid = kGateUp ? dim3(ceil_div(p.inter, kMmaTileRows), plan.slots)
+                            : dim3(ceil_div(p.hidden, kMmaWarps * kDownRowsPerWarp), plan.slots);
+  char const* const name = kGateUp ? "moe_experts_int4_mma_kernel<gate_up>"
+                                   : "moe_experts_int4_mma_kernel<down>";
+  return moe_int4_scales_after_mma(kGateUp ? p.hidden : p.inter, p.w.group_size)
+             ? launch_kernel(name, moe_experts_int4_mma_kernel<kGateUp, true>, grid,
+                             kMmaWarps * 32, 0, stream, p, plan)
+             : launch_kernel(name, moe_experts_int4_mma_kernel<kGateUp, false>, grid,
+                             kMmaWarps * 32, 0, stream, p, plan);
 }
 
 // ---- tile_int4: a packed matrix into the tiled order ----
 static __global__ void moe_experts_tile_int4_kernel(uint4 const* src, int64_t rows, int64_t cols,
-                                                    uint4* dst) {
+                                                    uint32_t* dst) {
   await_prior_kernels();
   int64_t const pieces = cols / 32, n = rows * pieces;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint4 const v = src[i];
-    dst[moe_int4_tiled_piece(cols, i / pieces, i % pieces)] =
-        make_uint4(moe_int4_pair_nibbles(v.x), moe_int4_pair_nibbles(v.y),
-                   moe_int4_pair_nibbles(v.z), moe_int4_pair_nibbles(v.w));
+    int64_t const r = i / pieces, k = (i % pieces) * 4;  // the piece's first word in its row
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      dst[moe_int4_tiled_word(cols, r, k + j)] = moe_int4_pair_nibbles(word_of(v, j));
+    }
   }
 }
 
@@ -732,7 +766,7 @@ inline Status moe_experts_tile_int4_cuda(int32_t const* src, int64_t rows, int64
   return launch_kernel("moe_experts_tile_int4_kernel",
                        moe_experts_detail::moe_experts_tile_int4_kernel, blocks, 256, 0, stream,
                        reinterpret_cast<uint4 const*>(src), rows, cols,
-                       reinterpret_cast<uint4*>(dst));
+                       reinterpret_cast<uint32_t*>(dst));
 }
 
 inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
@@ -758,12 +792,6 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
   plan.out = reinterpret_cast<float*>(ws + l.out);
   plan.xb = ws + l.xb;
   plan.slots = std::min(p.experts, n);
-  plan.group_shift = -1;
-  if (p.w.int4) {
-    for (int s = 0; s < 31; ++s) {
-      if ((1 << s) == p.w.group_size) plan.group_shift = s;
-    }
-  }
   plan.in_warp = n <= d::kInWarpAssignments;
   if (!plan.in_warp) {
     SPECDEC_RETURN_IF_ERROR(launch_kernel("moe_experts_group_kernel", d::moe_experts_group_kernel,
@@ -776,9 +804,8 @@ inline Status moe_experts_cuda(MoeExpertsParams const& p, cudaStream_t stream) {
       SPECDEC_RETURN_IF_ERROR(to_bf16_cuda(p.x, static_cast<int64_t>(p.tokens) * p.hidden,
                                            static_cast<uint16_t*>(plan.xb), stream));
     }
-    SPECDEC_RETURN_IF_ERROR(plan.group_shift >= 5
-                                ? d::moe_experts_launch_int4<true>(p, plan, stream)
-                                : d::moe_experts_launch_int4<false>(p, plan, stream));
+    SPECDEC_RETURN_IF_ERROR(d::moe_experts_launch_int4_mma<true>(p, plan, stream));
+    SPECDEC_RETURN_IF_ERROR(d::moe_experts_launch_int4_mma<false>(p, plan, stream));
   } else {
     SPECDEC_RETURN_IF_ERROR(d::moe_experts_launch_rows<d::Bf16Format>(p, plan, stream));
   }

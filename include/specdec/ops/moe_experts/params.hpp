@@ -31,11 +31,16 @@
 // The tiled order of an INT4 packed matrix [rows, cols/8] (rows a multiple of 16, cols of 32):
 // a row is P = cols/32 pieces of 128 bits (32 nibbles); rows go in bands of 16 and a band in
 // chunks of 4 pieces (128 columns; the last chunk of a row holds w = min(4, P - 4c) pieces); a
-// chunk stores its 16 rows' pieces row by row. Piece p of row r goes to piece
-//   (r / 16) * 16 P + c * 64 + (r % 16) * w + p % 4,   c = p / 4,
-// so a band keeps its place and the 32 lanes of a warp that read 16-byte pieces of rows
-// g, g + 8 (lane = 4 g + q, piece 4c + q) read 512 contiguous bytes of DRAM per instruction,
-// where the row-major order has them read 8 separate 64-byte pieces. Within each packed word the
+// chunk stores its 16 rows' pieces row by row, each in w slots of 128 bits: row r's slot s of
+// chunk c is tiled piece
+//   (r / 16) * 16 P + c * 64 + (r % 16) * w + s,
+// so a band keeps its place and the 32 lanes of a warp that read 16-byte slots of rows g, g + 8
+// (lane = 4 g + q, slot q) read 512 contiguous bytes of DRAM per instruction, where the
+// row-major order has them read 8 separate 64-byte pieces. In a full chunk (w = 4) the row's 16
+// words are transposed 4 x 4: word j of slot s holds the chunk's columns 32 j + 8 s .. + 7, so
+// the 4 lanes of a quad, which feed one mma, hold 32 columns of one 32-column block between them
+// in each word j (with Kimi's group of 32, one scale group). A partial last chunk keeps a piece
+// per slot (word j of slot s: columns 32 s + 8 j ..). Within each packed word the
 // 8 nibbles are reordered too (moe_int4_pair_nibbles): nibble i holds column 2i and nibble i + 4
 // column 2i + 1 (i < 4), so the kernel's pairs of nibbles (i, i + 4) are the column pairs
 // (2i, 2i + 1), as the token operand's bf16 pairs lie in memory.
@@ -57,9 +62,12 @@
 // and tensors packed into one arena keep it when each starts at a multiple of 16 bytes). The
 // workspace holds: offsets int32 [E + 1], active int32 [min(E, T*K)], sorted int32 [T*K],
 // h float [T*K, I], out float [T*K, H], xb bf16 [T, H] (layout below).
-// Numerics: the CUDA INT4 path multiplies on tensor cores with bf16 operands (x, each dequantised
-// weight and h rounded to bf16, fp32 sums), as a bf16 GEMM over the dequantised weights does;
-// the CPU path and the CUDA bf16 path multiply the exact values in float / double.
+// Numerics: the CUDA INT4 path multiplies on tensor cores with bf16 operands, x and h rounded to
+// bf16, fp32 sums. A matrix with moe_int4_scales_after_mma (Kimi's: groups of 32, 128-column
+// chunks only) multiplies the exact nibbles n - 8 and scales each group's fp32 sum, so its
+// weights are exact; any other has each dequantised weight (n - 8) * scale rounded to bf16, as a
+// bf16 GEMM over the dequantised weights does. The CPU path and the CUDA bf16 path multiply the
+// exact values in float / double.
 #pragma once
 
 #include <algorithm>
@@ -98,13 +106,24 @@ SPECDEC_HD inline int moe_int4_chunk_width(int64_t pieces, int64_t c) {
   return static_cast<int>(left < kMoeInt4ChunkPieces ? left : kMoeInt4ChunkPieces);
 }
 
-// The tiled position of piece p (columns 32 p .. 32 p + 31) of row r, in 128-bit pieces.
-SPECDEC_HD inline int64_t moe_int4_tiled_piece(int64_t cols, int64_t r, int64_t p) {
-  int64_t const pieces = cols / 32, c = p / kMoeInt4ChunkPieces;
+// The tiled position of packed word k (columns 8 k .. 8 k + 7) of row r, in 32-bit words.
+SPECDEC_HD inline int64_t moe_int4_tiled_word(int64_t cols, int64_t r, int64_t k) {
+  int64_t const pieces = cols / 32, p = k / 4, c = p / kMoeInt4ChunkPieces;
   int64_t const w = moe_int4_chunk_width(pieces, c);
-  return (r / kMoeInt4BandRows) * kMoeInt4BandRows * pieces +
-         c * (kMoeInt4BandRows * kMoeInt4ChunkPieces) + (r % kMoeInt4BandRows) * w +
-         p % kMoeInt4ChunkPieces;
+  int64_t const block = p % kMoeInt4ChunkPieces, j = k % 4;  // 32-column block, word in it
+  bool const full = w == kMoeInt4ChunkPieces;
+  int64_t const slot = full ? j : block;
+  int64_t const piece = (r / kMoeInt4BandRows) * kMoeInt4BandRows * pieces +
+                        c * (kMoeInt4BandRows * kMoeInt4ChunkPieces) +
+                        (r % kMoeInt4BandRows) * w + slot;
+  return piece * 4 + (full ? block : j);
+}
+
+// Whether the CUDA kernels multiply a matrix of `cols` reduction columns with the group scales
+// applied to the mma's fp32 sums (exact weights): each mma's 16 columns in one group needs
+// groups of 32 and full chunks only.
+SPECDEC_HD inline bool moe_int4_scales_after_mma(int64_t cols, int64_t group) {
+  return group == 32 && cols % (32 * kMoeInt4ChunkPieces) == 0;
 }
 
 // A packed word in the tiled order's nibble order: nibble i <- column 2i, nibble i + 4 <- column

@@ -9,9 +9,10 @@
 // weights[t, k] * down_k in double in k order and is rounded to float once (then added to y in
 // float when p.accumulate, then p.addend in float when given). x_bf16 is the CUDA path's; the
 // reference rounds x itself where it needs bf16.
-// bf16_operands (the oracle of the CUDA INT4 path, which multiplies on tensor cores): x, each
-// dequantized weight (nibble - 8) * scale and h are rounded to bf16 (nearest even) before their
-// dot products; everything else as above.
+// bf16_operands (the oracle of the CUDA INT4 path, which multiplies on tensor cores): x and h
+// are rounded to bf16 (nearest even) before their dot products, and so is each dequantized
+// weight (nibble - 8) * scale of a matrix without moe_int4_scales_after_mma (params.hpp: the
+// kernels round those, and multiply the others' exact weights); everything else as above.
 // An id outside [0, E) is an error naming the token, the slot and the id (y untouched).
 #pragma once
 
@@ -65,19 +66,16 @@ inline void round_to_bf16(std::vector<float>* v) {
 
 }  // namespace moe_experts_ref
 
-// dst = src [rows, cols/8] (row-major) in the tiled order of params.hpp (the pieces' places and
-// each word's nibble order): plain loops over the pieces. The oracle of the CUDA conversion;
+// dst = src [rows, cols/8] (row-major) in the tiled order of params.hpp (the words' places and
+// each word's nibble order): plain loops over the words. The oracle of the CUDA conversion;
 // validate_int4_tiling holds.
 inline void moe_experts_tile_int4_cpu(int32_t const* src, int64_t rows, int64_t cols,
                                       int32_t* dst) {
-  int64_t const pieces = cols / 32;
+  int64_t const words = cols / 8;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t p = 0; p < pieces; ++p) {
-      int64_t const to = moe_int4_tiled_piece(cols, r, p);
-      for (int k = 0; k < 4; ++k) {
-        dst[to * 4 + k] = static_cast<int32_t>(
-            moe_int4_pair_nibbles(static_cast<uint32_t>(src[(r * pieces + p) * 4 + k])));
-      }
+    for (int64_t k = 0; k < words; ++k) {
+      dst[moe_int4_tiled_word(cols, r, k)] =
+          static_cast<int32_t>(moe_int4_pair_nibbles(static_cast<uint32_t>(src[r * words + k])));
     }
   }
 }
@@ -111,8 +109,12 @@ inline Status moe_experts_cpu(MoeExpertsParams const& p, bool bf16_operands = fa
       moe_experts_ref::int4_to_float(w.gate_packed[e], w.gate_scale[e], I, H, w.group_size, &G);
       moe_experts_ref::int4_to_float(w.up_packed[e], w.up_scale[e], I, H, w.group_size, &U);
       moe_experts_ref::int4_to_float(w.down_packed[e], w.down_scale[e], H, I, w.group_size, &D);
-      if (bf16_operands) {
-        for (std::vector<float>* m : {&G, &U, &D}) moe_experts_ref::round_to_bf16(m);
+      if (bf16_operands && !moe_int4_scales_after_mma(H, w.group_size)) {
+        moe_experts_ref::round_to_bf16(&G);
+        moe_experts_ref::round_to_bf16(&U);
+      }
+      if (bf16_operands && !moe_int4_scales_after_mma(I, w.group_size)) {
+        moe_experts_ref::round_to_bf16(&D);
       }
     } else {
       if (!w.gate[e] || !w.up[e] || !w.down[e]) {
