@@ -20,31 +20,47 @@ namespace {
 
 using namespace specdec;
 
+// Row r's dominant token, and with `shift` 1 the token after it (random logit, p ~ e^-60).
+__host__ __device__ inline int32_t row_token(size_t r, int V, int shift) {
+  return static_cast<int32_t>((r * 7919 + 1 + static_cast<size_t>(shift)) % V);
+}
+
+// logits [rows, V]: every row `base` with its dominant token raised to 60 (p ~ 1); q [rows, V]
+// (where given): 0.5 / V everywhere plus 0.5 on token row_token(r, V, shift). Filled on the
+// device, since a case holds up to 4 GB and the setup runs once per repetition.
+__global__ void fill_rows(float const* base, size_t rows, int V, int shift, float* logits,
+                          float* q) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < rows * V;
+       i += size_t{gridDim.x} * blockDim.x) {
+    size_t const r = i / V;
+    int const v = static_cast<int>(i % V);
+    logits[i] = v == row_token(r, V, 0) ? 60.0f : base[v];
+    if (q) q[i] = 0.5f / V + (v == row_token(r, V, shift) ? 0.5f : 0.0f);
+  }
+}
+
 void run_verify_sample(benchmark::State& state, int B, int N, int V, bool sampled, bool filtered,
                        bool rejected) {
   size_t const rows = static_cast<size_t>(B) * N;
   testing::Rng rng(3);
-  // Row i has a dominant token (i * 7919) % V so a chain of those tokens is accepted.
-  std::vector<float> logits = testing::random_logits(rng, 1, V);
-  std::vector<float> all(rows * V);
+  DeviceBuffer<float> base(testing::random_logits(rng, 1, V)), d_logits(rows * V),
+      d_q(sampled ? rows * V : 0);
+  if (d_logits.size() != rows * V || (sampled && d_q.size() != rows * V)) {
+    state.SkipWithError("verify_sample: the inputs do not fit the device");
+    return;
+  }
+  fill_rows<<<1024, 256>>>(base.data(), rows, V, rejected ? 1 : 0, d_logits.data(),
+                           sampled ? d_q.data() : nullptr);
+  bench::check_cuda(cudaDeviceSynchronize(), "fill_rows");
+  // A chain per request whose drafts are the dominant tokens (rejected: the tokens after them).
   std::vector<int32_t> tokens(rows), parents(rows), depth(rows), fc(rows), ns(rows, -1);
   for (size_t r = 0; r < rows; ++r) {
-    std::copy(logits.begin(), logits.end(), all.begin() + r * V);
     int const i = static_cast<int>(r % N);
-    int32_t const next = static_cast<int32_t>((r * 7919 + 1) % V);
-    all[r * V + next] = 60.0f;  // p(next) ~ 1
     parents[r] = i - 1;
     depth[r] = i;
     fc[r] = i + 1 < N ? i + 1 : -1;
-    // Rejected: the token after the dominant one, whose logit is random and p ~ e^-60.
-    if (i > 0) tokens[r] = static_cast<int32_t>(((r - 1) * 7919 + 1 + (rejected ? 1 : 0)) % V);
+    if (i > 0) tokens[r] = row_token(r - 1, V, rejected ? 1 : 0);
   }
-  std::vector<float> q;
-  if (sampled) {
-    q.assign(rows * V, 0.5f / V);
-    for (size_t r = 0; r < rows; ++r) q[r * V + (r * 7919 + 1 + (rejected ? 1 : 0)) % V] += 0.5f;
-  }
-  DeviceBuffer<float> d_logits(all), d_q(q);
   DeviceBuffer<int32_t> d_tokens(tokens), d_parents(parents), d_depth(depth), d_fc(fc), d_ns(ns);
   DeviceBuffer<int32_t> d_ts(std::vector<int32_t>(B, 0));
   DeviceBuffer<float> temperature(std::vector<float>(B, 1.0f)), top_p(std::vector<float>(B, 0.9f));
