@@ -100,7 +100,7 @@ void BM_verify_sample_rejected(benchmark::State& state) {
                     state.range(2) != 0, false, true);
 }
 
-// Logits and draft probabilities a case may hold on the device (and build on the host).
+// Logits and draft probabilities a case may hold on the device.
 constexpr double kMaxInputBytes = 4e9;
 
 void verify_sample_sizes(benchmark::internal::Benchmark* b) {
