@@ -259,3 +259,33 @@ TEST_CASE("verify_sample: validation names the problem") {
   { auto q = p; q.config.temperature = nullptr; expect_error(q, "temperature"); }
   { auto q = p; q.keys.seed = nullptr; expect_error(q, "seed"); }
 }
+
+TEST_CASE("verify_sample: the CUDA workspace holds the chunk partials and the residual draws") {
+  Tree t({-1, 0}, {0, 1}, {onehot(1), onehot(2)});
+  auto p = t.params();
+  for (int vocab : {4, 32000, 163840}) {
+    p.vocab = vocab;
+    int const B = p.tree.batch, N = p.tree.nodes;
+    size_t const need = verify_sample_workspace_bytes(B, N, vocab);
+    std::vector<uint64_t> ws(need / 8 + 1);
+    p.workspace = ws.data();
+    // The residual draws lie past every row's partials, and their chunk masses past the draws,
+    // within the size.
+    auto* base = reinterpret_cast<unsigned char*>(ws.data());
+    auto* draws = reinterpret_cast<unsigned char*>(verify_residual_draws(ws.data(), B, N, vocab));
+    auto* masses = reinterpret_cast<unsigned char*>(verify_residual_masses(ws.data(), B, N, vocab));
+    CHECK(draws >= base + sample_workspace_bytes(int64_t{B} * N, vocab));
+    CHECK(reinterpret_cast<uintptr_t>(draws) % alignof(VerifyResidualDraw) == 0);
+    CHECK(masses == draws + B * sizeof(VerifyResidualDraw));
+    CHECK(masses + B * sample_chunks(vocab) * sizeof(float) == base + need);
+    p.workspace_bytes = need;
+    CHECK(validate_workspace(p).ok());
+    // The partials alone (sample's workspace for B * N rows) are refused, naming the size call.
+    p.workspace_bytes = sample_workspace_bytes(int64_t{B} * N, vocab);
+    Status const s = validate_workspace(p);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(s.message().find("verify_sample_workspace_bytes(batch, nodes, vocab)") !=
+                      std::string::npos,
+                  s.message());
+  }
+}

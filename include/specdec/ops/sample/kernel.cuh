@@ -342,31 +342,17 @@ __device__ inline int32_t warp_dist_from_partials(SampleChunkPartial const* part
   return kSampleOk;
 }
 
-// Inverse-CDF draw with uniform u from dist's weights over a row, skipping the `excluded` tokens
-// (distinct): the chunk partials locate the chunk holding u * mass, then one pass over that
-// chunk (4 logits per thread) finds the token. Returns -1 when no weight is left or rounding
-// leaves the chosen chunk without a positive weight (the caller falls back to block_sample).
-// Every thread gets the result.
-__device__ inline int32_t block_sample_chunked(float const* row, int vocab,
-                                               SampleChunkPartial const* parts,
-                                               TargetDist const& dist, int32_t const* excluded,
-                                               int n_excluded, float u, SampleShared& sh) {
-  static_assert(kSampleChunk == 4 * kSampleThreads, "the chunk scan gives each thread 4 logits");
-  auto weight_of = [&](int v) {
-    return is_excluded(v, excluded, n_excluded) ? 0.0f : dist.weight(v, __ldg(row + v));
-  };
-  // Level 1, warp 0: lane t owns the chunks [t * per, (t + 1) * per), less their excluded tokens.
-  auto chunk_weight = [&](int c) {
-    float w = chunk_mass(parts[c], dist);
-    for (int i = 0; i < n_excluded; ++i) {
-      int const x = excluded[i];
-      if (x >= c * kSampleChunk && x < (c + 1) * kSampleChunk && x < vocab) {
-        w -= dist.weight(x, __ldg(row + x));
-      }
-    }
-    return w > 0.0f ? w : 0.0f;
-  };
+// Inverse-CDF draw with uniform u over a row cut into chunks of kSampleChunk: chunk_weight(c) is
+// chunk c's weight (>= 0) and weight_of(v) token v's (>= 0; their sum over the chunk, up to
+// rounding). Warp 0 locates the chunk holding u * total, then one pass over that chunk (4 values
+// per thread) finds the token. Returns -1 when the total is 0 or rounding leaves the chosen chunk
+// without a positive weight. Every thread gets the result.
+template <class ChunkWeight, class WeightOf>
+__device__ int32_t block_sample_chunks(int vocab, ChunkWeight&& chunk_weight,
+                                       WeightOf&& weight_of, float u, SampleShared& sh) {
+  static_assert(kSampleChunk == 4 * kSampleThreads, "the chunk scan gives each thread 4 values");
   __syncthreads();  // every thread has read the shared picks of earlier calls
+  // Level 1, warp 0: lane t owns the chunks [t * per, (t + 1) * per).
   if (threadIdx.x < 32) {
     int const lane = threadIdx.x;
     int const chunks = sample_chunks(vocab);
@@ -403,7 +389,7 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
   int const chunk = sh.pick;
   float left = sh.pick_target;
   if (chunk < 0) return -1;
-  // Level 2: the chunk, 4 consecutive logits per thread.
+  // Level 2: the chunk, 4 consecutive values per thread.
   int const v0 = chunk * kSampleChunk + 4 * static_cast<int>(threadIdx.x);
   float w[4];
   float mine2 = 0.0f;
@@ -420,7 +406,7 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
     int found = -1;
     for (int j = 0; j < 4; ++j) {
       if (!(w[j] > 0.0f)) continue;
-      found = v0 + j;  // stays the last positive logit if rounding leaves no crossing
+      found = v0 + j;  // stays the last positive value if rounding leaves no crossing
       if (left < w[j]) break;
       left -= w[j];
     }
@@ -428,6 +414,30 @@ __device__ inline int32_t block_sample_chunked(float const* row, int vocab,
   }
   __syncthreads();
   return sh.pick;
+}
+
+// Inverse-CDF draw with uniform u from dist's weights over a row, skipping the `excluded` tokens
+// (distinct): block_sample_chunks with the chunk partials' masses, less the excluded tokens in
+// each. Returns -1 when no weight is left or rounding leaves the chosen chunk without a positive
+// weight (the caller falls back to block_sample). Every thread gets the result.
+__device__ inline int32_t block_sample_chunked(float const* row, int vocab,
+                                               SampleChunkPartial const* parts,
+                                               TargetDist const& dist, int32_t const* excluded,
+                                               int n_excluded, float u, SampleShared& sh) {
+  auto weight_of = [&](int v) {
+    return is_excluded(v, excluded, n_excluded) ? 0.0f : dist.weight(v, __ldg(row + v));
+  };
+  auto chunk_weight = [&](int c) {
+    float w = chunk_mass(parts[c], dist);
+    for (int i = 0; i < n_excluded; ++i) {
+      int const x = excluded[i];
+      if (x >= c * kSampleChunk && x < (c + 1) * kSampleChunk && x < vocab) {
+        w -= dist.weight(x, __ldg(row + x));
+      }
+    }
+    return w > 0.0f ? w : 0.0f;
+  };
+  return block_sample_chunks(vocab, chunk_weight, weight_of, u, sh);
 }
 
 // Distance bins: z's distance d = max_z - z below a maximum, in kSampleDistBins bins of

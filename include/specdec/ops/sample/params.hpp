@@ -138,7 +138,7 @@ SPECDEC_HD inline int64_t sample_list_entries(int vocab) {
   return chunks <= kSampleListMaxChunks ? int64_t{chunks} * kSampleListCap : 0;
 }
 // Bytes of workspace for `rows` logit rows of `vocab` (sample: rows = B; verify_sample: B * N).
-inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
+SPECDEC_HD inline size_t sample_workspace_bytes(int64_t rows, int vocab) {
   size_t const per_row = static_cast<size_t>(sample_chunks(vocab)) * sizeof(SampleChunkPartial) +
                          sizeof(uint32_t) +
                          static_cast<size_t>(sample_list_entries(vocab)) * sizeof(uint32_t);
@@ -153,9 +153,9 @@ SPECDEC_HD inline uint32_t* sample_min_keys(void* workspace, int64_t rows, int v
 SPECDEC_HD inline uint32_t* sample_candidate_lists(void* workspace, int64_t rows, int vocab) {
   return sample_min_keys(workspace, rows, vocab) + rows;
 }
-inline Status validate_sample_workspace(void const* workspace, size_t bytes, int64_t rows,
-                                        int vocab, char const* op, char const* how) {
-  size_t const need = sample_workspace_bytes(rows, vocab);
+// A workspace of `bytes` where `need` are needed (`how`: the call that gives `need`).
+inline Status validate_sample_workspace(void const* workspace, size_t bytes, size_t need,
+                                        char const* op, char const* how) {
   if (!workspace || bytes < need) {
     return Status::InvalidArgument(std::string(op) + ": workspace of " + std::to_string(bytes) +
                                    " bytes < " + std::to_string(need) + " needed: allocate " + how);
@@ -280,7 +280,8 @@ inline Status validate(SampleParams const& p) {
 
 // The CUDA path's extra requirement: a workspace of sample_workspace_bytes(B, V).
 inline Status validate_workspace(SampleParams const& p) {
-  return validate_sample_workspace(p.workspace, p.workspace_bytes, p.batch, p.vocab, "sample",
+  return validate_sample_workspace(p.workspace, p.workspace_bytes,
+                                   sample_workspace_bytes(p.batch, p.vocab), "sample",
                                    "sample_workspace_bytes(batch, vocab)");
 }
 

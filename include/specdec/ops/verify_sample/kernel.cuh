@@ -13,12 +13,15 @@
 //      first child passes), then thread 0 follows the decisions from the root. Sampled drafts:
 //      from the first node whose first child fails, the block walks, O(1) per child plus a
 //      residual-mass pass before each sibling of a rejected child. Then one inverse-CDF
-//      draw: one chunk scanned, except from a sampled draft's residual after a rejected child
-//      (block passes over the row).
+//      draw: one chunk scanned. A sampled draft's residual after a rejected child is left to
+//      the last kernel (the request's row, C and uniform, in the workspace).
+// With sampled drafts, verify_sample_residual_kernel then draws those residuals, the row's
+// chunks summed by as many blocks (one block's passes over a V = 163840 row took ~27 us on an
+// H100, benchmarks/RESULTS.md).
 // Outside thread 0's walk every thread takes the same decisions (shared values and block
 // reductions hand every thread the same values). Shapes: tokens [B, N], links [B, N], logits
 // [B, N, V], draft_probs [B, N, V] or nullptr, accepted_path [B, P], num_accepted [B],
-// next_token [B], status [B], workspace (sample_workspace_bytes of B * N rows, device memory).
+// next_token [B], status [B], workspace (verify_sample_workspace_bytes, device memory).
 // No host synchronisation, allocation or host read of device data: graph-capturable.
 #pragma once
 
@@ -84,9 +87,11 @@ constexpr uint64_t kNotLoaded = ~uint64_t{0};
 
 }  // namespace verify_sample_detail
 
-// A template (on the block size, which must be kSampleThreads) for inline linkage across TUs.
+// A template (on the block size, which must be kSampleThreads) for inline linkage across TUs, and
+// on whether the drafts are sampled (draft_probs given): each form leaves the other's walk out,
+// and both keep to 64 registers without spilling (ptxas, sm_90).
 // Launched with programmatic dependent launch, its blocks wait for the kernels before.
-template <int kThreads>
+template <int kThreads, bool kSampled>
 __global__ void __launch_bounds__(kThreads, 1)
     verify_sample_kernel(__grid_constant__ VerifySampleParams const p) {
   static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     //     probabilities.
     for (int n = threadIdx.x; n < count; n += kThreads) {
       float const* row = p.logits + (row0 + n) * V;
-      float const* q_row = p.draft_probs ? p.draft_probs + (row0 + n) * V : nullptr;
+      float const* q_row = kSampled ? p.draft_probs + (row0 + n) * V : nullptr;
       // Links only move forward (verify_sample_link_ok), so the list ends within N steps. A node
       // on two lists (malformed links) is tagged with one parent; the walk checks the tag.
       for (int32_t c = a.first_child[n], after = n; c != -1 && verify_sample_link_ok(c, after, count);
@@ -141,6 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // launch wrote: that kernel's blocks passed their own wait before this grid could launch, so
   // the inputs are complete here. Only the workspace (partials, thresholds) needs the wait.
   await_prior_kernels();
+  // Sampled drafts: the node whose residual max(w - C q, 0) the walk leaves to the next kernel
+  // (-1: none), and its C.
+  __shared__ int32_t residual_node;
+  __shared__ float residual_c;
+  if (threadIdx.x == 0) residual_node = -1;
   if (status == kSampleOk) {
     // 2. Row distributions (one warp per row).
     for (int n = threadIdx.x >> 5; n < count; n += kSampleWarps) {
@@ -232,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (token < 0) token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
     return token;
   };
-  bool const sampled = p.draft_probs != nullptr;
+  constexpr bool sampled = kSampled;
   if (status == kSampleOk) {
     // 2c. Every node's decision (one thread per node; a row in error decides nothing).
     for (int i = threadIdx.x; i < count; i += kThreads) {
@@ -274,7 +284,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     status = a.row_error[n];
     if (status != kSampleOk) break;
     int32_t accepted = -1;
-    auto w = [&](int v, float l) { return dist.weight(v, l); };
     float const* q = p.draft_probs + (static_cast<int64_t>(b) * N + n) * V;
     float c_mass = 0.0f, residual_mass = total;
     bool summed = true;  // residual_mass is the current residual's (summed when a sibling needs it)
@@ -306,9 +315,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // distribution, drawn from the chunk partials as the deterministic correction is.
       next_token = correction(n, dist);
     } else if (accepted < 0) {
-      float const u = a.u_draw[n];
-      next_token = sample_detail::block_sample(row, V, residual, nullptr, 0, u, sh);
-      if (next_token < 0) next_token = sample_detail::block_sample(row, V, w, nullptr, 0, u, sh);
+      // The residual's draw is verify_sample_residual_kernel's, over the whole GPU.
+      if (threadIdx.x == 0) {
+        residual_node = n;
+        residual_c = c_mass;
+      }
     }
     if (accepted < 0) break;
     if (threadIdx.x == 0) a.path[len] = accepted;
@@ -325,7 +336,72 @@ __global__ void __launch_bounds__(kThreads, 1)
     p.out.num_accepted[b] = ok ? len - 1 : 0;
     p.out.next_token[b] = ok ? next_token : -1;
     p.status[b] = status;
+    if (sampled) {
+      VerifyResidualDraw draw;
+      if (ok && residual_node >= 0) {
+        draw.dist = a.row_dist[residual_node];
+        draw.c_mass = residual_c;
+        draw.u = a.u_draw[residual_node];
+        draw.node = residual_node;
+      }
+      verify_residual_draws(p.workspace, p.tree.batch, N, V)[b] = draw;
+    }
   }
+}
+
+// Sampled drafts: the residual draws the walks left. grid (B, ceil(V / kSampleChunk)): block
+// (b, c) sums chunk c of request b's residual max(w - C q, 0) (4 values per thread, read once)
+// into the workspace, and the last of the request's blocks to finish draws the token from those
+// masses and one pass over the chosen chunk (block_sample_chunks); where rounding leaves the
+// residual no mass, from w (the row's chunk partials). Requests without a draw leave at once.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, 1)
+    verify_sample_residual_kernel(__grid_constant__ VerifySampleParams const p) {
+  static_assert(kThreads == kSampleThreads, "the block agents assume kSampleThreads threads");
+  await_prior_kernels();
+  __shared__ SampleShared sh;
+  __shared__ bool last;
+  int const b = blockIdx.x, chunk = blockIdx.y;
+  int const N = p.tree.nodes, V = p.vocab, chunks = sample_chunks(V);
+  VerifyResidualDraw* draws = verify_residual_draws(p.workspace, p.tree.batch, N, V);
+  VerifyResidualDraw const draw = draws[b];
+  if (draw.node < 0) return;
+  int64_t const row_index = static_cast<int64_t>(b) * N + draw.node;
+  float const* row = p.logits + row_index * V;
+  float const* q = p.draft_probs + row_index * V;
+  auto residual = [&](int v, float l, float qv) {
+    return sample_residual_weight(draw.dist.weight(v, l), qv, draw.c_mass);
+  };
+  auto residual_of = [&](int v) { return residual(v, __ldg(row + v), __ldg(q + v)); };
+  float mine = 0.0f;
+  int const v0 = chunk * kSampleChunk + 4 * static_cast<int>(threadIdx.x);
+  if (v0 + 3 < V && (reinterpret_cast<uintptr_t>(row + v0) & 15u) == 0 &&
+      (reinterpret_cast<uintptr_t>(q + v0) & 15u) == 0) {
+    float4 const l = __ldg(reinterpret_cast<float4 const*>(row + v0));
+    float4 const x = __ldg(reinterpret_cast<float4 const*>(q + v0));
+    mine = residual(v0, l.x, x.x) + residual(v0 + 1, l.y, x.y) + residual(v0 + 2, l.z, x.z) +
+           residual(v0 + 3, l.w, x.w);
+  } else {
+    for (int j = 0; j < 4; ++j) mine += v0 + j < V ? residual_of(v0 + j) : 0.0f;
+  }
+  float const mass = sample_detail::block_sum(mine, sh);
+  float* masses = verify_residual_masses(p.workspace, p.tree.batch, N, V) + int64_t{b} * chunks;
+  if (threadIdx.x == 0) {
+    masses[chunk] = mass;
+    __threadfence();  // the mass is visible before the count says so
+    last = atomicAdd(&draws[b].arrived, 1u) == static_cast<uint32_t>(chunks - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  auto chunk_weight = [&](int c) { return __ldcg(masses + c); };  // other blocks' writes: L2
+  int32_t token = sample_detail::block_sample_chunks(V, chunk_weight, residual_of, draw.u, sh);
+  if (token < 0) {
+    SampleChunkPartial const* parts =
+        static_cast<SampleChunkPartial const*>(p.workspace) + row_index * chunks;
+    token = sample_detail::block_row_sample(row, V, parts, draw.dist, nullptr, 0, draw.u, sh);
+  }
+  if (threadIdx.x == 0) p.out.next_token[b] = token;
 }
 
 inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t stream) {
@@ -336,15 +412,20 @@ inline Status verify_sample_cuda(VerifySampleParams const& p, cudaStream_t strea
       p.logits, static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab, p.tree.nodes, p.config,
       p.workspace, stream));
   size_t const node_bytes = verify_sample_detail::NodeArrays::kBytesPerNode * p.tree.nodes;
-  auto const kernel = verify_sample_kernel<kSampleThreads>;
+  auto const kernel = p.draft_probs ? verify_sample_kernel<kSampleThreads, true>
+                                    : verify_sample_kernel<kSampleThreads, false>;
   if (node_bytes + sizeof(SampleShared) > 48 * 1024) {
     // Above the default 48 KB per block: opt in (a function attribute, no stream work).
     cudaError_t const err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(node_bytes));
     if (err != cudaSuccess) return cuda_status(err, "verify_sample: cudaFuncSetAttribute");
   }
-  return launch_kernel("verify_sample_kernel", kernel, dim3(p.tree.batch), kSampleThreads,
-                       node_bytes, stream, p);
+  SPECDEC_RETURN_IF_ERROR(launch_kernel("verify_sample_kernel", kernel, dim3(p.tree.batch),
+                                       kSampleThreads, node_bytes, stream, p));
+  if (p.draft_probs == nullptr) return Status::Ok();
+  return launch_kernel("verify_sample_residual_kernel",
+                       verify_sample_residual_kernel<kSampleThreads>,
+                       dim3(p.tree.batch, sample_chunks(p.vocab)), kSampleThreads, 0, stream, p);
 }
 
 }  // namespace specdec::ops

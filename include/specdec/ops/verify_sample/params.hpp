@@ -69,9 +69,38 @@ struct VerifySampleParams {
   size_t workspace_bytes = 0;          //   8-byte aligned (no initial contents needed)
 };
 
-// Bytes of CUDA workspace: the chunk partials (sample/params.hpp) of every logit row [B, N].
+// A request's residual draw, left by the walk to the kernel after it (sampled drafts whose walk
+// ended at a rejected child): the row's distribution, the residual max(w - C q, 0)'s C, the
+// draw's uniform and the count of chunk blocks done (the last one draws).
+struct VerifyResidualDraw {
+  TargetDist dist;
+  float c_mass = 0.0f;
+  float u = 0.0f;
+  int32_t node = -1;  // the row's node; -1: no draw
+  uint32_t arrived = 0;
+};
+
+// The CUDA workspace: the chunk partials (sample/params.hpp) of every logit row [B, N], then the
+// residual draws [B] VerifyResidualDraw and their chunk masses [B, ceil(V / kSampleChunk)] float.
+SPECDEC_HD inline size_t verify_sample_partials_bytes(int batch, int nodes, int vocab) {
+  constexpr size_t kAlign = alignof(VerifyResidualDraw);
+  return ceil_div(sample_workspace_bytes(static_cast<int64_t>(batch) * nodes, vocab), kAlign) *
+         kAlign;
+}
 inline size_t verify_sample_workspace_bytes(int batch, int nodes, int vocab) {
-  return sample_workspace_bytes(static_cast<int64_t>(batch) * nodes, vocab);
+  return verify_sample_partials_bytes(batch, nodes, vocab) +
+         static_cast<size_t>(batch) *
+             (sizeof(VerifyResidualDraw) + sample_chunks(vocab) * sizeof(float));
+}
+// The workspace's residual draws [B] ...
+SPECDEC_HD inline VerifyResidualDraw* verify_residual_draws(void* workspace, int batch, int nodes,
+                                                            int vocab) {
+  return reinterpret_cast<VerifyResidualDraw*>(static_cast<unsigned char*>(workspace) +
+                                               verify_sample_partials_bytes(batch, nodes, vocab));
+}
+// ... and their chunk masses [B, ceil(V / kSampleChunk)].
+SPECDEC_HD inline float* verify_residual_masses(void* workspace, int batch, int nodes, int vocab) {
+  return reinterpret_cast<float*>(verify_residual_draws(workspace, batch, nodes, vocab) + batch);
 }
 
 // A link to node c, reached from `after` (the parent for its first child, the previous sibling
@@ -113,9 +142,10 @@ inline Status validate(VerifySampleParams const& p) {
 
 // The CUDA path's extra requirement: a workspace of verify_sample_workspace_bytes(B, N, V).
 inline Status validate_workspace(VerifySampleParams const& p) {
-  return validate_sample_workspace(p.workspace, p.workspace_bytes,
-                                   static_cast<int64_t>(p.tree.batch) * p.tree.nodes, p.vocab,
-                                   "verify_sample", "verify_sample_workspace_bytes(batch, nodes, vocab)");
+  return validate_sample_workspace(
+      p.workspace, p.workspace_bytes,
+      verify_sample_workspace_bytes(p.tree.batch, p.tree.nodes, p.vocab), "verify_sample",
+      "verify_sample_workspace_bytes(batch, nodes, vocab)");
 }
 
 }  // namespace specdec::ops
